@@ -1,0 +1,1 @@
+"""Specs: YAML (or HF config.json) -> validated, frozen dataclasses."""

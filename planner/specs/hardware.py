@@ -1,0 +1,119 @@
+"""Hardware profiles: one YAML per accelerator in hardware_profiles/.
+
+Datasheet figures come from ../shared/reference/gpus.yaml (vendor datasheets). Efficiency
+knobs of the cost model live in the profile (documented there), never in code.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..errors import SpecError
+from ..units import UnitError, parse_bandwidth, parse_size, parse_time
+from ..yamlio import check_fields, get_float, get_int, get_str, load_file
+
+DTYPES = ("fp32", "tf32", "fp16", "bf16", "fp8")
+
+
+@dataclass(frozen=True)
+class Efficiency:
+    """Fractions of datasheet peaks that real kernels reach, and fixed per-kernel costs."""
+    matmul: float                 # large dense GEMM throughput / peak tensor throughput
+    memory_bandwidth: float       # streaming elementwise kernels / peak HBM bandwidth
+    kernel_overhead_s: float      # launch + tail cost per kernel (makes small GEMMs slow)
+    scale_up: float               # NCCL bus bandwidth / scale-up link rate (per direction)
+    network: float                # NCCL bus bandwidth / NIC line rate
+    flash_attention: float        # fused attention throughput / peak (relative to GEMMs)
+
+
+@dataclass(frozen=True)
+class GPUProfile:
+    name: str
+    memory_bytes: float
+    memory_bandwidth_bytes_per_s: float
+    peak_flops_per_s: dict          # dtype -> FLOP/s (dense)
+    scale_up_bandwidth_bytes_per_s: float   # per GPU, per direction
+    scale_up_latency_s: float
+    pcie_bandwidth_bytes_per_s: float       # per direction
+    memory_reserve_bytes: float     # CUDA context, NCCL, cuBLAS workspaces: never usable
+    fragmentation_fraction: float   # allocator fragmentation, fraction of capacity
+    efficiency: Efficiency
+    source: str = ""
+    uncertain: tuple[str, ...] = ()
+
+    @property
+    def usable_memory_bytes(self) -> float:
+        """Usable capacity = capacity - reserve - fragmentation allowance (bytes)."""
+        return self.memory_bytes * (1.0 - self.fragmentation_fraction) - self.memory_reserve_bytes
+
+    def peak(self, dtype: str) -> float:
+        if dtype not in self.peak_flops_per_s:
+            raise SpecError(self.name, "peak_tflops", f"no {dtype} peak in this profile")
+        return self.peak_flops_per_s[dtype]
+
+    def supports(self, dtype: str) -> bool:
+        return dtype in self.peak_flops_per_s
+
+
+PROFILE_FIELDS = {"name", "vendor", "memory", "memory_bandwidth", "peak_tflops", "scale_up_bandwidth",
+                  "scale_up_latency", "pcie_bandwidth", "memory_reserve", "fragmentation_fraction",
+                  "efficiency", "source", "uncertain", "notes"}
+EFF_FIELDS = {"matmul", "memory_bandwidth", "kernel_overhead", "scale_up", "network", "flash_attention"}
+
+
+def _unit(fn, data: dict, key: str, source: str, prefix: str = ""):
+    try:
+        return fn(data[key])
+    except UnitError as exc:
+        raise SpecError(source, f"{prefix}{key}", str(exc)) from None
+
+
+def profile_from_dict(data: Any, source: str) -> GPUProfile:
+    check_fields(data, source, "", PROFILE_FIELDS,
+                 {"name", "memory", "memory_bandwidth", "peak_tflops", "scale_up_bandwidth",
+                  "pcie_bandwidth", "memory_reserve", "fragmentation_fraction", "efficiency"})
+    peaks = data["peak_tflops"]
+    check_fields(peaks, source, "peak_tflops", set(DTYPES), set())
+    peak_flops = {}
+    for k, v in peaks.items():
+        if v is None:
+            continue
+        peak_flops[k] = get_float(peaks, k, source, "peak_tflops", minimum=0.1, maximum=1e6) * 1e12
+    if not ({"bf16", "fp16"} & set(peak_flops)):
+        raise SpecError(source, "peak_tflops", "expected at least a bf16 or fp16 peak")
+    eff = data["efficiency"]
+    check_fields(eff, source, "efficiency", EFF_FIELDS, EFF_FIELDS)
+    efficiency = Efficiency(
+        matmul=get_float(eff, "matmul", source, "efficiency", minimum=0.01, maximum=1.0),
+        memory_bandwidth=get_float(eff, "memory_bandwidth", source, "efficiency", minimum=0.01, maximum=1.0),
+        kernel_overhead_s=_unit(parse_time, eff, "kernel_overhead", source, "efficiency."),
+        scale_up=get_float(eff, "scale_up", source, "efficiency", minimum=0.01, maximum=1.0),
+        network=get_float(eff, "network", source, "efficiency", minimum=0.01, maximum=1.0),
+        flash_attention=get_float(eff, "flash_attention", source, "efficiency", minimum=0.01, maximum=1.0),
+    )
+    uncertain = data.get("uncertain") or []
+    if not isinstance(uncertain, list) or not all(isinstance(u, str) for u in uncertain):
+        raise SpecError(source, "uncertain", "expected a list of field names")
+    prof = GPUProfile(
+        name=get_str(data, "name", source),
+        memory_bytes=_unit(parse_size, data, "memory", source),
+        memory_bandwidth_bytes_per_s=_unit(parse_bandwidth, data, "memory_bandwidth", source),
+        peak_flops_per_s=peak_flops,
+        scale_up_bandwidth_bytes_per_s=_unit(parse_bandwidth, data, "scale_up_bandwidth", source),
+        scale_up_latency_s=_unit(parse_time, data, "scale_up_latency", source) if "scale_up_latency" in data else 3e-6,
+        pcie_bandwidth_bytes_per_s=_unit(parse_bandwidth, data, "pcie_bandwidth", source),
+        memory_reserve_bytes=_unit(parse_size, data, "memory_reserve", source),
+        fragmentation_fraction=get_float(data, "fragmentation_fraction", source, maximum=0.5),
+        efficiency=efficiency,
+        source=get_str(data, "source", source, default="") or "",
+        uncertain=tuple(uncertain),
+    )
+    if prof.usable_memory_bytes <= 0:
+        raise SpecError(source, "memory_reserve", "reserve and fragmentation leave no usable memory")
+    return prof
+
+
+def load_profile(path: str | Path) -> GPUProfile:
+    return profile_from_dict(load_file(path), str(path))

@@ -1,0 +1,89 @@
+"""Map a Hugging Face `config.json` (Llama, Mistral, Mixtral, Qwen2, Qwen3, Qwen3-MoE,
+DeepSeek-V3) onto a ModelSpec. No network access: the file is read as it is."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..errors import SpecError
+from .model import ModelSpec, model_from_dict
+
+SUPPORTED = ("llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen3_moe", "deepseek_v3")
+
+
+def is_hf_config(data: Any) -> bool:
+    return isinstance(data, dict) and ("model_type" in data or "architectures" in data) and \
+        "num_hidden_layers" in data
+
+
+def _need(data: dict, key: str, source: str) -> Any:
+    if key not in data or data[key] is None:
+        raise SpecError(source, key, "required field of this Hugging Face config is missing")
+    return data[key]
+
+
+def model_from_hf(data: dict, source: str) -> ModelSpec:
+    mt = data.get("model_type")
+    if mt not in SUPPORTED:
+        raise SpecError(source, "model_type", f"found {mt!r}, expected one of {', '.join(SUPPORTED)}")
+    act = data.get("hidden_act", "silu")
+    if act not in ("silu", "swish"):
+        raise SpecError(source, "hidden_act", f"found {act!r}, expected 'silu' (SwiGLU MLP)")
+    h = _need(data, "hidden_size", source)
+    a = _need(data, "num_attention_heads", source)
+    L = _need(data, "num_hidden_layers", source)
+    out: dict[str, Any] = {
+        "name": data.get("_name_or_path") or f"hf-{mt}",
+        "num_layers": L,
+        "hidden_size": h,
+        "num_attention_heads": a,
+        "vocab_size": _need(data, "vocab_size", source),
+        "num_query_groups": data.get("num_key_value_heads") or a,
+        "ffn_hidden_size": _need(data, "intermediate_size", source),
+        "swiglu": True,
+        "normalization": "RMSNorm",
+        "untie_embeddings_and_output_weights": not data.get("tie_word_embeddings", False),
+        "position_embedding_type": "rope",
+        "max_position_embeddings": data.get("max_position_embeddings", 4096),
+        "add_bias_linear": False,
+        "attention_dropout": float(data.get("attention_dropout", 0.0) or 0.0),
+        "hidden_dropout": 0.0,
+        "source": f"Hugging Face config.json ({mt}) from {source}",
+    }
+    if data.get("head_dim"):
+        out["kv_channels"] = data["head_dim"]
+    if mt == "qwen2" or data.get("attention_bias"):
+        out["add_qkv_bias"] = True
+    if mt in ("qwen3", "qwen3_moe"):
+        out["qk_layernorm"] = True
+        out["add_qkv_bias"] = bool(data.get("attention_bias", False))
+    if mt == "mixtral":
+        out["num_experts"] = _need(data, "num_local_experts", source)
+        out["moe_router_topk"] = _need(data, "num_experts_per_tok", source)
+        out["moe_ffn_hidden_size"] = out["ffn_hidden_size"]
+    if mt == "qwen3_moe":
+        out["num_experts"] = _need(data, "num_experts", source)
+        out["moe_router_topk"] = _need(data, "num_experts_per_tok", source)
+        out["moe_ffn_hidden_size"] = _need(data, "moe_intermediate_size", source)
+        step = data.get("decoder_sparse_step", 1) or 1
+        dense = set(data.get("mlp_only_layers") or [])
+        out["moe_layer_freq"] = [0 if (i in dense or (i + 1) % step != 0) else 1 for i in range(L)]
+    if mt == "deepseek_v3":
+        out["num_experts"] = _need(data, "n_routed_experts", source)
+        out["moe_router_topk"] = _need(data, "num_experts_per_tok", source)
+        out["moe_ffn_hidden_size"] = _need(data, "moe_intermediate_size", source)
+        n_shared = data.get("n_shared_experts") or 0
+        if n_shared:
+            out["moe_shared_expert_intermediate_size"] = n_shared * out["moe_ffn_hidden_size"]
+        k = data.get("first_k_dense_replace", 0) or 0
+        freq = data.get("moe_layer_freq", 1) or 1
+        out["moe_layer_freq"] = [1 if (i >= k and i % freq == 0) else 0 for i in range(L)]
+        out["multi_latent_attention"] = True
+        out["q_lora_rank"] = data.get("q_lora_rank")
+        out["kv_lora_rank"] = _need(data, "kv_lora_rank", source)
+        out["qk_head_dim"] = _need(data, "qk_nope_head_dim", source)
+        out["qk_pos_emb_head_dim"] = _need(data, "qk_rope_head_dim", source)
+        out["v_head_dim"] = _need(data, "v_head_dim", source)
+        out["kv_channels"] = out["qk_head_dim"] + out["qk_pos_emb_head_dim"]
+        out["num_query_groups"] = a
+    return model_from_dict(out, source)

@@ -1,0 +1,85 @@
+"""Parsing of quantities with units. Units are required: a bare number is refused.
+
+Conventions: SI prefixes are powers of 10 (1 GB = 1e9 bytes, 1 Gb/s = 1e9 bits/s);
+binary prefixes (KiB, MiB, GiB, TiB) are powers of 2.
+"""
+
+from __future__ import annotations
+
+import re
+
+_NUM = r"([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)"
+
+# bytes per second per unit
+_BANDWIDTH_UNITS = {
+    "b/s": 1 / 8, "kb/s": 1e3 / 8, "mb/s": 1e6 / 8, "gb/s": 1e9 / 8, "tb/s": 1e12 / 8,
+    "B/s": 1.0, "KB/s": 1e3, "MB/s": 1e6, "GB/s": 1e9, "TB/s": 1e12,
+    "KiB/s": 2**10, "MiB/s": 2**20, "GiB/s": 2**30, "TiB/s": 2**40,
+}
+# seconds per unit
+_TIME_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0}
+# bytes per unit
+_SIZE_UNITS = {
+    "B": 1, "KB": 1e3, "MB": 1e6, "GB": 1e9, "TB": 1e12,
+    "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40,
+}
+
+
+class UnitError(ValueError):
+    pass
+
+
+def _split(text: object, kind: str, examples: str) -> tuple[float, str]:
+    if isinstance(text, bool) or not isinstance(text, (str, int, float)):
+        raise UnitError(f"found {text!r}, expected a {kind} with units, e.g. {examples}")
+    if isinstance(text, (int, float)):
+        raise UnitError(f"found bare number {text!r}, expected a {kind} with units, e.g. {examples}")
+    m = re.fullmatch(r"\s*" + _NUM + r"\s*([A-Za-zµ/]+)\s*", text)
+    if not m:
+        raise UnitError(f"found {text!r}, expected a {kind} with units, e.g. {examples}")
+    return float(m.group(1)), m.group(2)
+
+
+def parse_bandwidth(text: object) -> float:
+    """'400 Gb/s' -> 5e10 bytes/s. Bits are lowercase b, bytes uppercase B."""
+    value, unit = _split(text, "bandwidth", "'400 Gb/s', '50 GB/s', '100 Mb/s'")
+    key = unit
+    if unit not in _BANDWIDTH_UNITS:
+        # Accept case variants for bit units like 'Gb/s' / 'Gbps'
+        alias = {"Gbps": "gb/s", "Mbps": "mb/s", "Tbps": "tb/s", "Gb/s": "gb/s", "Mb/s": "mb/s",
+                 "Tb/s": "tb/s", "Kb/s": "kb/s", "GBps": "GB/s"}
+        key = alias.get(unit, "")
+    if key not in _BANDWIDTH_UNITS:
+        raise UnitError(f"unknown bandwidth unit {unit!r} in {text!r}; expected one of "
+                        "Gb/s, GB/s, Mb/s, MB/s, Tb/s, TB/s")
+    bw = value * _BANDWIDTH_UNITS[key]
+    if bw <= 0:
+        raise UnitError(f"found {text!r}, expected a bandwidth > 0")
+    return bw
+
+
+def parse_time(text: object) -> float:
+    """'5 us' -> 5e-6 seconds."""
+    value, unit = _split(text, "time", "'5 us', '2 ms'")
+    if unit not in _TIME_UNITS:
+        raise UnitError(f"unknown time unit {unit!r} in {text!r}; expected one of ns, us, ms, s")
+    t = value * _TIME_UNITS[unit]
+    if t < 0:
+        raise UnitError(f"found {text!r}, expected a time >= 0")
+    return t
+
+
+def parse_size(text: object) -> float:
+    """'80 GB' -> 8e10 bytes; '512 GiB' -> 512 * 2**30 bytes."""
+    value, unit = _split(text, "size", "'80 GB', '512 GiB'")
+    if unit not in _SIZE_UNITS:
+        raise UnitError(f"unknown size unit {unit!r} in {text!r}; expected one of B, KB, MB, GB, "
+                        "TB, KiB, MiB, GiB, TiB")
+    size = value * _SIZE_UNITS[unit]
+    if size <= 0:
+        raise UnitError(f"found {text!r}, expected a size > 0")
+    return size
+
+
+GIB = 2**30
+MIB = 2**20
