@@ -33,7 +33,7 @@ class GPUProfile:
     name: str
     memory_bytes: float
     memory_bandwidth_bytes_per_s: float
-    peak_flops_per_s: dict          # dtype -> FLOP/s (dense)
+    peak_flops_per_s: tuple         # ((dtype, FLOP/s dense), ...)
     scale_up_bandwidth_bytes_per_s: float   # per GPU, per direction
     scale_up_latency_s: float
     pcie_bandwidth_bytes_per_s: float       # per direction
@@ -49,12 +49,13 @@ class GPUProfile:
         return self.memory_bytes * (1.0 - self.fragmentation_fraction) - self.memory_reserve_bytes
 
     def peak(self, dtype: str) -> float:
-        if dtype not in self.peak_flops_per_s:
-            raise SpecError(self.name, "peak_tflops", f"no {dtype} peak in this profile")
-        return self.peak_flops_per_s[dtype]
+        for d, v in self.peak_flops_per_s:
+            if d == dtype:
+                return v
+        raise SpecError(self.name, "peak_tflops", f"no {dtype} peak in this profile")
 
     def supports(self, dtype: str) -> bool:
-        return dtype in self.peak_flops_per_s
+        return any(d == dtype for d, _ in self.peak_flops_per_s)
 
 
 PROFILE_FIELDS = {"name", "vendor", "memory", "memory_bandwidth", "peak_tflops", "scale_up_bandwidth",
@@ -100,7 +101,7 @@ def profile_from_dict(data: Any, source: str) -> GPUProfile:
         name=get_str(data, "name", source),
         memory_bytes=_unit(parse_size, data, "memory", source),
         memory_bandwidth_bytes_per_s=_unit(parse_bandwidth, data, "memory_bandwidth", source),
-        peak_flops_per_s=peak_flops,
+        peak_flops_per_s=tuple(sorted(peak_flops.items())),
         scale_up_bandwidth_bytes_per_s=_unit(parse_bandwidth, data, "scale_up_bandwidth", source),
         scale_up_latency_s=_unit(parse_time, data, "scale_up_latency", source) if "scale_up_latency" in data else 3e-6,
         pcie_bandwidth_bytes_per_s=_unit(parse_bandwidth, data, "pcie_bandwidth", source),

@@ -1,0 +1,113 @@
+"""Communication: which links a parallel group crosses, and what a collective costs there.
+
+Rank order is Megatron's default 'tp-cp-ep-dp-pp' (megatron/core/parallel_state.py): TP is
+innermost (consecutive ranks), then CP, then DP; PP is outermost, so each pipeline stage owns a
+contiguous block of tp*cp*dp ranks, laid on whole nodes of one node group.
+
+A group of n ranks whose members sit j to a node spans k = n / j nodes. Inside one node it runs
+on the scale-up fabric. Across nodes a ring is bounded by its slowest link (formulas.md): the
+node's NICs are shared by the G/j groups of that axis that communicate at the same time, so the
+group's per-node share is nics x rate x j / G. An `interconnect` between node groups caps it
+further. Times are alpha-beta: ring all-reduce 2(n-1)/n M / B + 2(n-1) alpha (a tree's
+2 log2(n) alpha beyond 16 ranks, as NCCL switches), all-gather / reduce-scatter (n-1)/n M / B,
+all-to-all the off-node share over the NIC share, send/recv M / B + alpha.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from ..specs.cluster import ClusterSpec, NodeGroup
+
+KINDS = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "send-recv")
+TREE_THRESHOLD_RANKS = 16
+
+
+@dataclass(frozen=True)
+class Link:
+    """The fabric a group runs on: bus bandwidth per rank (bytes/s) and per-step latency (s)."""
+    bandwidth_bytes_per_s: float
+    latency_s: float
+    bound_by: str          # what limits it, e.g. "nvlink h100", "nic a100 (4 x 200 Gb/s)"
+    ranks_per_node: int
+    nodes: int
+    intra_bandwidth_bytes_per_s: float   # for all-to-all's on-node share
+
+
+def group_link(groups: list[NodeGroup], n: int, stride: int, cluster: ClusterSpec) -> Link:
+    """Link model of a group of n ranks at rank stride `stride`, whose nodes come from `groups`
+    (one entry per distinct node group spanned)."""
+    G = min(g.gpus_per_node for g in groups)
+    if stride >= G:
+        j = 1
+    else:
+        j = max(1, min(n, G // stride))
+    k = math.ceil(n / j)
+    intra = min(g.intra_node_bandwidth_bytes_per_s * g.gpu.efficiency.scale_up for g in groups)
+    intra_lat = max(g.gpu.scale_up_latency_s for g in groups)
+    if k == 1:
+        name = groups[0].name
+        return Link(intra, intra_lat, f"scale-up {name}", j, 1, intra)
+    best = None
+    for g in groups:
+        share = g.node_egress_bytes_per_s * g.gpu.efficiency.network * j / g.gpus_per_node
+        cand = (share, f"NICs {g.name} ({g.nics_per_node} x {g.nic_bandwidth_bytes_per_s * 8 / 1e9:g} Gb/s per node)",
+                g.nic_latency_s)
+        if best is None or cand[0] < best[0]:
+            best = cand
+    bw, why, lat = best
+    names = [g.name for g in groups]
+    for i in range(len(names)):
+        for jx in range(i + 1, len(names)):
+            ic = cluster.interconnect(names[i], names[jx])
+            if ic is not None:
+                share = ic.bandwidth_bytes_per_s * min(g.gpu.efficiency.network for g in groups) * j / G
+                lat = max(lat, ic.latency_s)
+                if share < bw:
+                    bw, why = share, f"interconnect {names[i]}-{names[jx]} ({ic.bandwidth_bytes_per_s * 8 / 1e9:g} Gb/s per node)"
+    bw = min(bw, intra) if j > 1 else bw
+    return Link(bw, lat, why, j, k, intra)
+
+
+def collective_time(kind: str, message_bytes: float, n: int, link: Link) -> float:
+    """Seconds for one collective over n ranks. message_bytes is the full tensor (for
+    all-gather: the gathered result; for all-to-all: what one rank sends in total)."""
+    if n <= 1 or message_bytes <= 0:
+        return 0.0
+    B, a = link.bandwidth_bytes_per_s, link.latency_s
+    steps = 2 * (n - 1) if n <= TREE_THRESHOLD_RANKS else 2 * math.ceil(math.log2(n))
+    if kind == "all-reduce":
+        return 2 * (n - 1) / n * message_bytes / B + steps * a
+    if kind in ("all-gather", "reduce-scatter"):
+        return (n - 1) / n * message_bytes / B + steps / 2 * a
+    if kind == "all-to-all":
+        on_node = (link.ranks_per_node - 1) / n * message_bytes
+        off_node = (n - link.ranks_per_node) / n * message_bytes
+        if link.nodes == 1:
+            return on_node / link.intra_bandwidth_bytes_per_s + a
+        # every GPU of the node sends its off-node share through the node's NICs at once
+        per_gpu_nic = B / link.ranks_per_node
+        return max(on_node / link.intra_bandwidth_bytes_per_s, off_node / per_gpu_nic) + 2 * a
+    if kind == "send-recv":
+        return message_bytes / B + a
+    raise ValueError(kind)
+
+
+def p2p_link(a: NodeGroup, b: NodeGroup, same_node: bool, cluster: ClusterSpec) -> Link:
+    """Link between two pipeline stages: every GPU of a node sends to the next stage at once,
+    so each gets 1/G of the node's NICs."""
+    if same_node:
+        bw = a.intra_node_bandwidth_bytes_per_s * a.gpu.efficiency.scale_up
+        return Link(bw, a.gpu.scale_up_latency_s, f"scale-up {a.name}", a.gpus_per_node, 1, bw)
+    share = min(g.node_egress_bytes_per_s * g.gpu.efficiency.network / g.gpus_per_node for g in (a, b))
+    why = f"NICs {a.name if a.node_egress_bytes_per_s / a.gpus_per_node <= b.node_egress_bytes_per_s / b.gpus_per_node else b.name}"
+    lat = max(a.nic_latency_s, b.nic_latency_s)
+    if a.name != b.name:
+        ic = cluster.interconnect(a.name, b.name)
+        if ic is not None:
+            ics = ic.bandwidth_bytes_per_s * a.gpu.efficiency.network / min(a.gpus_per_node, b.gpus_per_node)
+            lat = max(lat, ic.latency_s)
+            if ics < share:
+                share, why = ics, f"interconnect {a.name}-{b.name}"
+    return Link(share, lat, why, 1, 2, share)

@@ -1,0 +1,211 @@
+"""Compute time of one layer for one micro-batch on one GPU, from its operations.
+
+FLOPs: a GEMM of (M x K) @ (K x N) costs 2 M N K FLOPs (forward); backward costs twice that
+(input gradient + weight gradient). Attention scores and AV cost 4 s_q s_k b a d (forward);
+the causal mask halves the work of fused (flash) kernels, which skip masked blocks; unfused
+kernels compute all of it. These reproduce Narayanan et al. 2021 eq. 3 (tests/test_flops.py).
+
+Time: a GEMM takes max(FLOPs / (peak x eff.matmul), bytes / (HBM bw x eff.memory_bandwidth))
++ eff.kernel_overhead; elementwise kernels (norms, activations, residual/dropout, softmax, RoPE,
+MoE permutation) are priced by the bytes they stream. Small per-GPU GEMMs at high TP thus run
+below peak, and GPUs with a high FLOP/byte ratio (H100 vs A100) lose more to memory-bound ops.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..specs.hardware import GPUProfile
+from ..specs.model import ModelSpec
+from ..strategy import Strategy
+from .activations import expert_tokens_per_rank
+
+BYTES_16BIT = 2
+# Flash-attention backward does 5 matmuls to the forward's 2 (it recomputes P): 2.5x forward FLOPs
+# (Dao 2023, FlashAttention-2, sec. 3.1). Unfused attention backward is 2x forward, like GEMMs.
+FLASH_BACKWARD_FACTOR = 2.5
+# Adam step traffic per parameter held by this rank's optimizer shard, in bytes: read fp32 grad,
+# master weight, m, v (16); write master, m, v (12) and the bf16 weight (2); read the grad again
+# for the global-norm clip (4). Megatron's fused multi-tensor Adam streams exactly these.
+ADAM_BYTES_PER_PARAM = 34
+
+
+@dataclass(frozen=True)
+class LayerTime:
+    """Seconds for one layer, one micro-batch, on one GPU (compute only, no communication)."""
+    forward: float
+    backward_input: float     # input-gradient part (B of zero-bubble schedules)
+    backward_weight: float    # weight-gradient part (W)
+    recompute: float          # extra forward work in backward under recomputation
+    core_attention_forward: float  # the part selective recompute repeats
+    flops_forward: float      # hardware FLOPs of the forward pass
+
+    @property
+    def total(self) -> float:
+        return self.forward + self.backward_input + self.backward_weight + self.recompute
+
+
+def gemm_time(gpu: GPUProfile, dtype: str, m: float, n: float, k: float) -> float:
+    """Seconds for one (m x k) @ (k x n) GEMM; the roofline plus a fixed per-kernel cost."""
+    flops = 2.0 * m * n * k
+    bytes_moved = BYTES_16BIT * (m * k + k * n + m * n)
+    e = gpu.efficiency
+    return max(flops / (gpu.peak(dtype) * e.matmul),
+               bytes_moved / (gpu.memory_bandwidth_bytes_per_s * e.memory_bandwidth)) + e.kernel_overhead_s
+
+
+def stream_time(gpu: GPUProfile, bytes_moved: float, kernels: int = 1) -> float:
+    """Seconds for memory-bound kernels streaming `bytes_moved` bytes."""
+    e = gpu.efficiency
+    return bytes_moved / (gpu.memory_bandwidth_bytes_per_s * e.memory_bandwidth) + kernels * e.kernel_overhead_s
+
+
+def _gemm_dtype(s: Strategy, gpu: GPUProfile) -> str:
+    if s.precision == "fp8" and gpu.supports("fp8"):
+        return "fp8"
+    if s.precision == "fp16" or not gpu.supports("bf16"):
+        return "fp16"
+    return "bf16"
+
+
+def _attn_dims(model: ModelSpec):
+    if model.multi_latent_attention:
+        return model.qk_head_dim + model.qk_pos_emb_head_dim, model.v_head_dim
+    return model.kv_channels, model.kv_channels
+
+
+def layer_time(model: ModelSpec, s: Strategy, gpu: GPUProfile, moe: bool) -> LayerTime:
+    dt = _gemm_dtype(s, gpu)
+    t = s.tp
+    b = s.micro_batch_size
+    s_q = s.seq_length / s.cp
+    M = s_q * b                          # tokens through TP-sharded GEMMs on this rank
+    M_sp = M / t if s.sp else M          # tokens through norms/dropout (SP splits them)
+    h, a = model.hidden_size, model.num_attention_heads
+    dqk, dv = _attn_dims(model)
+    a_loc = a / t
+    fwd = 0.0
+    flops = 0.0
+
+    def g(m, n, k):
+        nonlocal fwd, flops
+        fwd += gemm_time(gpu, dt, m, n, k)
+        flops += 2.0 * m * n * k
+
+    # --- attention projections
+    if model.multi_latent_attention:
+        if model.q_lora_rank:
+            g(M, model.q_lora_rank, h)
+            g(M, a_loc * dqk, model.q_lora_rank)
+        else:
+            g(M, a_loc * dqk, h)
+        g(M, model.kv_lora_rank + model.qk_pos_emb_head_dim, h)
+        g(M, a_loc * (model.qk_head_dim + dv), model.kv_lora_rank)
+        g(M, h, a_loc * dv)
+    else:
+        g_loc = max(model.num_query_groups / t, 1.0)
+        g(M, (a_loc + 2 * g_loc) * model.kv_channels, h)
+        g(M, h, a_loc * model.kv_channels)
+    # --- core attention (per rank: s/cp queries against all s keys; CP load-balances causality)
+    attn_flops = 4.0 * s_q * s.seq_length * b * a_loc * (dqk + dv) / 2
+    if s.fused_attention:
+        attn_flops *= 0.5   # causal: fused kernels skip fully masked blocks
+        core = attn_flops / (gpu.peak(dt if dt != "fp8" else "bf16") * gpu.efficiency.flash_attention) \
+            + gpu.efficiency.kernel_overhead_s
+        core_bwd = core * FLASH_BACKWARD_FACTOR
+    else:
+        # two batched GEMMs + fused scale-mask-softmax (+ dropout) over the s x s scores
+        per_head = s_q * s.seq_length
+        core = (attn_flops / (gpu.peak(dt) * gpu.efficiency.matmul) + 2 * gpu.efficiency.kernel_overhead_s)
+        score_elems = per_head * b * a_loc
+        bytes_sm = BYTES_16BIT * 2 * score_elems + (5 * score_elems if model.attention_dropout > 0 else 0)
+        core += stream_time(gpu, bytes_sm, kernels=2)
+        core_bwd = 2 * core
+    flops += attn_flops
+    fwd += core
+    # --- MLP
+    if not moe:
+        f = model.ffn_hidden_size
+        g(M, f * (2 if model.swiglu else 1) / t, h)
+        g(M, h, f / t)
+        act_bytes = BYTES_16BIT * M * f / t * (3 if model.swiglu else 2)
+    else:
+        T = expert_tokens_per_rank(model, s)   # routed token copies on this rank
+        e_loc = model.num_experts / s.ep
+        f = model.moe_ffn_hidden_size
+        g(M_sp, model.num_experts, h)          # router
+        # grouped GEMM over the local experts: priced as one GEMM of T tokens, plus one kernel
+        # overhead per local expert for the per-expert tiles
+        g(T, f * (2 if model.swiglu else 1) / s.expert_tp, h)
+        g(T, h, f / s.expert_tp)
+        fwd += 2 * (e_loc - 1) * gpu.efficiency.kernel_overhead_s
+        act_bytes = BYTES_16BIT * T * f / s.expert_tp * (3 if model.swiglu else 2)
+        act_bytes += 4 * BYTES_16BIT * T * h      # permute + unpermute, read and write
+        if model.moe_shared_expert_intermediate_size:
+            fs = model.moe_shared_expert_intermediate_size
+            g(M, fs * (2 if model.swiglu else 1) / t, h)
+            g(M, h, fs / t)
+            act_bytes += BYTES_16BIT * M * fs / t * (3 if model.swiglu else 2)
+    # --- elementwise: 2 norms (read+write), 2 bias-dropout-add (read x, residual; write out,
+    # mask), RoPE on Q and K, the MLP activation
+    ew = 2 * 2 * BYTES_16BIT * M_sp * h
+    ew += 2 * (3 * BYTES_16BIT + (1 if model.hidden_dropout > 0 else 0)) * M_sp * h
+    if model.position_embedding_type == "rope":
+        ew += 2 * BYTES_16BIT * M * (a_loc + max(model.num_query_groups / t, 1.0)) * dqk
+    ew += act_bytes
+    elementwise = stream_time(gpu, ew, kernels=7)
+    fwd += elementwise
+    matmul_fwd = fwd - core - elementwise
+    # backward: GEMMs split evenly into input-grad and weight-grad; elementwise ~2x forward
+    b_input = matmul_fwd + core_bwd + 2 * elementwise
+    b_weight = matmul_fwd
+    if s.recompute == "full":
+        recompute = fwd
+    elif s.recompute == "selective":
+        recompute = core
+    else:
+        recompute = 0.0
+    return LayerTime(forward=fwd, backward_input=b_input, backward_weight=b_weight,
+                     recompute=recompute, core_attention_forward=core, flops_forward=flops)
+
+
+def output_layer_time(model: ModelSpec, s: Strategy, gpu: GPUProfile) -> tuple[float, float]:
+    """(forward, backward) seconds of final norm + output projection + cross entropy."""
+    dt = _gemm_dtype(s, gpu)
+    M = s.seq_length / s.cp * s.micro_batch_size
+    v_loc = model.padded_vocab_size(s.tp) / s.tp
+    h = model.hidden_size
+    f = gemm_time(gpu, dt, M, v_loc, h)
+    ce = stream_time(gpu, (BYTES_16BIT + 4 + 4) * M * v_loc, kernels=3)   # upcast, softmax, loss
+    return f + ce, 2 * (f - gpu.efficiency.kernel_overhead_s) + 2 * gpu.efficiency.kernel_overhead_s + ce
+
+
+def embedding_time(model: ModelSpec, s: Strategy, gpu: GPUProfile) -> tuple[float, float]:
+    """(forward, backward) seconds of the embedding lookup (gather) and its gradient (scatter)."""
+    M = s.seq_length / s.cp * s.micro_batch_size
+    f = stream_time(gpu, 2 * BYTES_16BIT * M * model.hidden_size, kernels=2)
+    return f, 2 * f
+
+
+def optimizer_time(params_local: float, gpu: GPUProfile) -> float:
+    """Seconds of the Adam step over `params_local` parameters (memory-bound)."""
+    return stream_time(gpu, ADAM_BYTES_PER_PARAM * params_local, kernels=4)
+
+
+def model_flops_per_step(model: ModelSpec, s: Strategy) -> float:
+    """Model FLOPs of one step (MFU numerator): 3x the forward FLOPs of every matmul, with the
+    full (non-causal) s^2 attention term and no recomputation, as in Korthikanti et al. 2022
+    (72 B s l h^2 (1 + s/6h + V/12lh) for GPT-3-style models) and Megatron-LM's own count."""
+    B, S = s.global_batch_size, s.seq_length
+    h, a = model.hidden_size, model.num_attention_heads
+    dqk, dv = _attn_dims(model)
+    total = 0.0
+    for i in range(model.num_layers):
+        mm = model.attention_params
+        if model.is_moe_layer(i):
+            mm += model.router_params + model.shared_expert_params + model.moe_router_topk * model.expert_params
+        else:
+            mm += model.dense_mlp_params
+        total += 2.0 * mm * B * S + 2.0 * B * S * S * a * (dqk + dv)
+    total += 2.0 * model.embedding_params() * B * S     # output layer (logits)
+    return 3.0 * total

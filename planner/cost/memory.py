@@ -1,0 +1,182 @@
+"""Per-GPU memory on every pipeline stage, from the placement table.
+
+bytes(state, group) = full_bytes(state, group on this stage) x placement.shard_factor(state, group)
+
+Bytes per parameter (dtype conventions):
+- megatron: bf16/fp16 weights 2, fp32 main gradients 4, fp32 master weights + Adam moments 12
+  = 18 per parameter, 6 + 12/DP with the distributed optimizer
+  (megatron/training/theoretical_memory_usage.py, docs/user-guide/features/dist_optimizer.md).
+- deepspeed: 2 + 2 + 12 = 16 (Rajbhandari et al. 2019, ZeRO, sec. 3.1).
+fp8 training (Transformer Engine) keeps bf16 weights and fp32 main grads; the fp8 copies are
+transient per layer, so the convention is unchanged.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..placement import Mode, Placement
+from ..specs.hardware import GPUProfile
+from ..specs.model import ModelSpec
+from ..strategy import Strategy
+from . import activations as act
+
+BYTES_PER_PARAM = {
+    "megatron": {"parameters": 2, "gradients": 4, "optimizer": 12},
+    "deepspeed": {"parameters": 2, "gradients": 2, "optimizer": 12},
+}
+# Megatron DDP bucket size: max(40M, 1M x DP) parameters (megatron/core/distributed/
+# distributed_data_parallel.py); a bucket in flight is kept in fp32 for sharded gradients.
+DDP_BUCKET_MIN_PARAMS = 40_000_000
+DDP_BUCKET_PARAMS_PER_DP_RANK = 1_000_000
+# ZeRO-3 / FSDP keep the current and the prefetched layer gathered (2 layers of full weights).
+ZERO3_GATHERED_LAYERS = 2
+
+
+@dataclass(frozen=True)
+class StageParams:
+    """Parameters of one pipeline stage by placement group, before any sharding: the placement
+    table's shard factors (tp, ep, etp, data axes) turn them into per-rank counts."""
+    dense: float      # split over TP (attention, dense MLP, shared experts, embedding, output)
+    norms: float      # replicated over TP (norms, router, learned position embedding)
+    experts: float    # split over EP x expert-TP
+
+    @property
+    def total(self) -> float:
+        return self.dense + self.norms + self.experts
+
+
+def stage_params(model: ModelSpec, s: Strategy, stage: int) -> StageParams:
+    """Parameter counts of pipeline rank `stage` (all of its virtual chunks), unsharded."""
+    start, end = s.stage_layer_ranges(model)[stage]
+    dense = norms = experts = 0.0
+    for i in range(start, end):
+        dense += model.attention_params
+        norms += model.layer_norm_params
+        if model.is_moe_layer(i):
+            dense += model.shared_expert_params
+            norms += model.router_params
+            experts += model.num_experts * model.expert_params
+        else:
+            dense += model.dense_mlp_params
+    emb = model.embedding_params(s.tp)   # padded vocabulary x h, split over TP (vocab-parallel)
+    if stage == 0:
+        dense += emb
+        norms += model.position_embedding_params   # learned positions are replicated over TP
+    if stage == s.pp - 1:
+        norms += model.norm_params
+        if model.untie_embeddings_and_output_weights or s.pp > 1:
+            dense += emb   # untied output layer, or the tied copy Megatron keeps on the last stage
+    return StageParams(dense=dense, norms=norms, experts=experts)
+
+
+def in_flight_microbatches(s: Strategy, stage: int) -> float:
+    """Micro-batches of activations a pipeline rank holds at its peak, in units of the rank's
+    whole layer set (all virtual chunks).
+    1F1B / ZB-H1: min(p - i, m) (Narayanan et al. 2021; ZB-H1 keeps 1F1B's memory, Qi et al. 2023).
+    Interleaved: Megatron warms up (p - i - 1) * 2 + (v - 1) * p chunks, then one more is in
+    flight (megatron/core/pipeline_parallel/schedules.py); a chunk is 1/v of the rank's layers."""
+    p, m, v = s.pp, s.num_microbatches, s.vpp
+    if p == 1:
+        return 1.0
+    if v > 1:
+        chunks = min((p - stage - 1) * 2 + (v - 1) * p + 1, m * v)
+        return chunks / v
+    return float(min(p - stage, m))
+
+
+@dataclass(frozen=True)
+class StageMemory:
+    stage: int
+    layers: int
+    node_group: str
+    parameters: float     # bytes
+    gradients: float
+    optimizer: float
+    activations: float
+    buffers: float
+    capacity: float       # usable bytes on this stage's GPU
+    host_bytes: float     # bytes offloaded to host memory per GPU
+    in_flight: float
+
+    @property
+    def total(self) -> float:
+        return self.parameters + self.gradients + self.optimizer + self.activations + self.buffers
+
+    @property
+    def headroom(self) -> float:
+        return self.capacity - self.total
+
+    @property
+    def fits(self) -> bool:
+        return self.total <= self.capacity
+
+
+def _full_recompute_layers(s: Strategy, n_layers: int) -> int:
+    if s.recompute != "full":
+        return 0
+    if s.recompute_num_layers is None:
+        return n_layers
+    return min(n_layers, s.recompute_num_layers * s.vpp)
+
+
+def stage_activation_bytes(model: ModelSpec, s: Strategy, stage: int) -> tuple[float, float]:
+    """(kept activations, transient working set) in bytes for pipeline rank `stage`."""
+    start, end = s.stage_layer_ranges(model)[stage]
+    n = end - start
+    n_full = _full_recompute_layers(s, n)
+    # Megatron's 'block' method recomputes the first k layers of each chunk; others keep all.
+    other = "selective" if s.recompute == "selective" else "none"
+    per_mb = 0.0
+    worst_layer = 0.0
+    layer_idx = list(range(start, end))
+    full_set = set(layer_idx[:n_full]) if s.recompute_num_layers is None else \
+        {layer_idx[c * (n // s.vpp) + j] for c in range(s.vpp) for j in range(min(s.recompute_num_layers, n // s.vpp))}
+    for i in layer_idx:
+        moe = model.is_moe_layer(i)
+        mode = "full" if i in full_set else other
+        per_mb += act.layer_bytes(model, s, moe, mode)
+        if mode == "full":
+            worst_layer = max(worst_layer, act.layer_bytes(model, s, moe, "none"))
+    if stage == 0:
+        per_mb += act.embedding_bytes(model, s)
+    kept = per_mb * in_flight_microbatches(s, stage)
+    transient = worst_layer  # one layer rebuilt at a time during backward
+    if stage == s.pp - 1:
+        transient += act.output_layer_bytes(model, s)
+    return kept, transient
+
+
+def stage_memory(model: ModelSpec, s: Strategy, placement: Placement, stage: int, gpu: GPUProfile,
+                 node_group: str = "") -> StageMemory:
+    bpp = BYTES_PER_PARAM[s.optimizer_convention]
+    sp = stage_params(model, s, stage)
+    by_group = {"dense": sp.dense, "norms": sp.norms, "experts": sp.experts}
+    states = {}
+    host = 0.0
+    for state in ("parameters", "gradients", "optimizer"):
+        total = 0.0
+        for group, n in by_group.items():
+            f = placement.shard_factor(state, group)
+            total += n * bpp[state] * f
+            if placement.mode(state, group, "dp" if group != "experts" else "edp") is Mode.OFFLOADED:
+                n_data = placement.size("dp") * placement.size("cp") if group != "experts" else placement.size("edp")
+                host += n * bpp[state] / n_data
+        states[state] = total
+    kept, transient = stage_activation_bytes(model, s, stage)
+    buffers = transient
+    start, end = s.stage_layer_ranges(model)[stage]
+    if s.zero_stage >= 2:
+        n_data = s.dp * s.cp
+        bucket = max(DDP_BUCKET_MIN_PARAMS, DDP_BUCKET_PARAMS_PER_DP_RANK * n_data)
+        buffers += min(bucket, sp.dense / s.tp + sp.norms + sp.experts / (s.ep * s.expert_tp)) * bpp["gradients"]
+    if s.zero_stage >= 3:
+        n_layers = max(1, end - start)
+        per_layer_params = (sp.dense / s.tp + sp.norms + sp.experts / (s.ep * s.expert_tp)) / n_layers
+        buffers += ZERO3_GATHERED_LAYERS * per_layer_params * bpp["parameters"]
+    return StageMemory(
+        stage=stage, layers=end - start, node_group=node_group,
+        parameters=states["parameters"], gradients=states["gradients"], optimizer=states["optimizer"],
+        activations=kept, buffers=buffers, capacity=gpu.usable_memory_bytes, host_bytes=host,
+        in_flight=in_flight_microbatches(s, stage),
+    )

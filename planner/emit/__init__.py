@@ -1,0 +1,1 @@
+"""Emit: tables, JSON, Megatron-LM launch arguments and scripts; parse Megatron launches."""

@@ -1,0 +1,206 @@
+"""Placement semantics: each training state has a mode along each parallel axis.
+
+States: parameters, gradients, optimizer, activations. Modes: replicated, sharded,
+sharded-with-gather (sharded at rest, gathered when used: ZeRO-3/FSDP), materialized (rebuilt on
+demand: recomputed activations), offloaded (host memory). ZeRO 1-3, Megatron's distributed
+optimizer, FSDP/HSDP, TP, SP, CP, PP and EP are tables of modes, derived by `placement_of`.
+
+From the table alone follow (a) per-rank shard factors (memory.py multiplies bytes by them) and
+(b) the data-axis collectives a step needs (`data_collectives`), as in the placement-semantics
+paper: DP all-reduce 2 Psi, ZeRO-1/2 reduce-scatter + all-gather 2 Psi, ZeRO-3 3 Psi.
+`validate` checks the paper's two conditions (gradient integrity, state consistency) and the
+composition rules.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+from .errors import InvalidStrategy
+from .strategy import Strategy
+
+
+class Mode(str, Enum):
+    REPLICATED = "replicated"
+    SHARDED = "sharded"
+    SHARDED_GATHER = "sharded-with-gather"
+    MATERIALIZED = "materialized"
+    OFFLOADED = "offloaded"
+
+
+STATES = ("parameters", "gradients", "optimizer", "activations")
+# Parameter groups differ in how they are laid out: dense weights are split by TP; norms and the
+# router are replicated over TP; routed experts are split by EP x expert-TP and their data axis is
+# the expert-data-parallel group.
+GROUPS = ("dense", "norms", "experts")
+AXES = ("dp", "cp", "tp", "pp", "ep", "etp", "edp")
+DATA_AXES = {"dense": "dp", "norms": "dp", "experts": "edp"}  # the axis gradients reduce over
+
+
+@dataclass(frozen=True)
+class Placement:
+    """modes[(state, group)] = {axis: Mode}; sizes = {axis: degree}."""
+    modes: tuple[tuple[tuple[str, str], tuple[tuple[str, Mode], ...]], ...]
+    sizes: tuple[tuple[str, int], ...]
+    hsdp_shard_size: int | None = None   # HSDP: shard over this many ranks, replicate beyond
+
+    def mode(self, state: str, group: str, axis: str) -> Mode:
+        for key, axes in self.modes:
+            if key == (state, group):
+                for a, m in axes:
+                    if a == axis:
+                        return m
+        return Mode.REPLICATED
+
+    def size(self, axis: str) -> int:
+        return dict(self.sizes).get(axis, 1)
+
+    def shard_factor(self, state: str, group: str) -> float:
+        """Fraction of a stage's bytes of a state that one rank holds in GPU memory at rest.
+        (The pp axis splits by layer assignment, not by a factor: a stage owns its layers.)"""
+        f = 1.0
+        for axis in AXES:
+            if axis == "pp":
+                continue
+            m = self.mode(state, group, axis)
+            n = self.size(axis)
+            if m in (Mode.SHARDED, Mode.SHARDED_GATHER):
+                if axis in ("dp", "edp") and self.hsdp_shard_size:
+                    n = min(n, self.hsdp_shard_size)
+                f /= n
+            elif m is Mode.OFFLOADED:
+                return 0.0
+        return f
+
+    def table(self) -> list[dict]:
+        """The table as rows for display/JSON."""
+        rows = []
+        for (state, group), axes in self.modes:
+            rows.append({"state": state, "group": group,
+                         **{a: m.value for a, m in axes if self.size(a) > 1 or a == "pp"}})
+        return rows
+
+
+def placement_of(s: Strategy) -> Placement:
+    """The placement table of a strategy. Model axes (tp, pp, ep, etp) shard weights; data axes
+    (dp, cp, edp) replicate or shard them according to the ZeRO stage."""
+    R, S, G, M, O = Mode.REPLICATED, Mode.SHARDED, Mode.SHARDED_GATHER, Mode.MATERIALIZED, Mode.OFFLOADED
+    z = s.zero_stage
+    # Megatron's DDP and distributed optimizer use the data-parallel group *with* context
+    # parallel ranks (parallel_state: get_data_parallel_group(with_context_parallel=True)); the
+    # data axis of dense weights is therefore dp x cp, represented as both axes sharded.
+    data_param = G if z >= 3 else R
+    data_grad = S if z >= 2 else R
+    data_opt = O if s.offload_optimizer else (S if z >= 1 else R)
+    modes = {}
+    for group in GROUPS:
+        model_axes = {"pp": S}
+        if group == "dense":
+            model_axes["tp"] = S
+        elif group == "experts":
+            model_axes.update({"ep": S, "etp": S})
+        data_axes = ("edp",) if group == "experts" else ("dp", "cp")
+        for state, dm in (("parameters", data_param), ("gradients", data_grad), ("optimizer", data_opt)):
+            axes = dict(model_axes)
+            for a in data_axes:
+                axes[a] = dm
+            modes[(state, group)] = tuple(axes.items())
+    # Activations: split by samples (dp), sequence (cp), layers (pp). Along tp they are split
+    # with SP, else partly replicated (Korthikanti et al. 2022: the 10 sbh term). Recomputed
+    # activations are 'materialized' (rebuilt in backward).
+    act = {"dp": S, "cp": S, "pp": S, "tp": S if s.sp else R, "ep": S}
+    if s.recompute == "full":
+        act["layer"] = M
+    elif s.recompute == "selective":
+        act["core_attention"] = M
+    modes[("activations", "all")] = tuple(act.items())
+    sizes = (("dp", s.dp), ("cp", s.cp), ("tp", s.tp), ("pp", s.pp), ("ep", s.ep),
+             ("etp", s.expert_tp), ("edp", s.expert_dp))
+    return Placement(modes=tuple(modes.items()), sizes=sizes)
+
+
+_ORDER = {Mode.REPLICATED: 0, Mode.SHARDED: 1, Mode.SHARDED_GATHER: 1, Mode.OFFLOADED: 1}
+
+
+def validate(p: Placement) -> None:
+    """Raise InvalidStrategy naming the rule a placement breaks.
+
+    - gradient-integrity: along a data axis of size > 1, a parameter whose compute is replicated
+      (replicated or gathered) must have its gradient reduced over exactly that axis:
+      gradient mode replicated (all-reduce) or sharded (reduce-scatter); nothing else.
+    - state-consistency: along a data axis, sharding may only grow from parameters to gradients
+      to optimizer state (params sharded => grads sharded => optimizer sharded/offloaded),
+      else replicas update from different gradients and drift apart.
+    - model-axis consistency: along tp/pp/ep/etp, parameters, gradients and optimizer state are
+      split the same way (a shard's optimizer updates exactly that shard).
+    - activations cannot be offloaded or gathered along model axes in this model.
+    """
+    for group in GROUPS:
+        for axis in ("dp", "cp", "edp"):
+            if group == "experts" and axis != "edp" or group != "experts" and axis == "edp":
+                continue
+            if p.size(axis) <= 1:
+                continue
+            pm = p.mode("parameters", group, axis)
+            gm = p.mode("gradients", group, axis)
+            om = p.mode("optimizer", group, axis)
+            if pm in (Mode.REPLICATED, Mode.SHARDED_GATHER) and gm not in (Mode.REPLICATED, Mode.SHARDED):
+                raise InvalidStrategy("gradient-integrity",
+                                      f"{group} gradients along {axis} are {gm.value}: they must be reduced "
+                                      "over the ranks that computed them (replicated = all-reduce, "
+                                      "sharded = reduce-scatter)")
+            if pm is Mode.SHARDED:
+                raise InvalidStrategy("gradient-integrity",
+                                      f"{group} parameters are plainly sharded along data axis {axis}: each "
+                                      "rank would compute with a part of the weights; use sharded-with-gather")
+            if not (_ORDER.get(pm, 9) <= _ORDER.get(gm, 9) <= _ORDER.get(om, 9)):
+                raise InvalidStrategy("state-consistency",
+                                      f"{group} along {axis}: parameters {pm.value}, gradients {gm.value}, "
+                                      f"optimizer {om.value}; sharding must not shrink from parameters to "
+                                      "gradients to optimizer state")
+        for axis in ("tp", "pp", "ep", "etp"):
+            ms = {p.mode(st, group, axis) for st in ("parameters", "gradients", "optimizer")}
+            if len(ms) > 1:
+                raise InvalidStrategy("model-axis-consistency",
+                                      f"{group} along {axis}: parameters/gradients/optimizer modes differ "
+                                      f"({', '.join(sorted(m.value for m in ms))})")
+    for axis in ("tp", "pp", "ep"):
+        if p.mode("activations", "all", axis) in (Mode.OFFLOADED, Mode.SHARDED_GATHER):
+            raise InvalidStrategy("composition", f"activations along {axis} cannot be offloaded or gathered")
+
+
+@dataclass(frozen=True)
+class DataCollective:
+    """A data-axis collective of one parameter group, in units of that group's parameters."""
+    group: str
+    kind: str            # all-reduce | reduce-scatter | all-gather
+    tensor: str          # gradients | parameters
+    when: str            # per-step | per-microbatch-forward | per-microbatch-backward
+    params_fraction: float = 1.0
+
+
+def data_collectives(p: Placement) -> list[DataCollective]:
+    """Collectives along the data axes that the placement implies (ZeRO paper, sec. 7)."""
+    out = []
+    for group in GROUPS:
+        axis = DATA_AXES[group]
+        n = p.size(axis) * (p.size("cp") if group != "experts" else 1)
+        if n <= 1:
+            continue
+        pm = p.mode("parameters", group, axis)
+        gm = p.mode("gradients", group, axis)
+        om = p.mode("optimizer", group, axis)
+        if pm is Mode.SHARDED_GATHER:
+            out.append(DataCollective(group, "all-gather", "parameters", "per-microbatch-forward"))
+            out.append(DataCollective(group, "all-gather", "parameters", "per-microbatch-backward"))
+            out.append(DataCollective(group, "reduce-scatter", "gradients", "per-microbatch-backward"))
+        elif gm is Mode.SHARDED:
+            out.append(DataCollective(group, "reduce-scatter", "gradients", "per-microbatch-backward"))
+            out.append(DataCollective(group, "all-gather", "parameters", "per-step"))
+        elif om in (Mode.SHARDED, Mode.OFFLOADED):
+            out.append(DataCollective(group, "reduce-scatter", "gradients", "per-step"))
+            out.append(DataCollective(group, "all-gather", "parameters", "per-step"))
+        else:
+            out.append(DataCollective(group, "all-reduce", "gradients", "per-step"))
+    return out

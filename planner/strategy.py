@@ -1,0 +1,150 @@
+"""One parallel configuration (a 'strategy'): degrees, batch, recompute, sharding, schedule,
+and where the pipeline stages live. Megatron-LM names where one exists."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from .errors import InvalidStrategy
+from .specs.model import ModelSpec
+
+RECOMPUTE = ("none", "selective", "full")
+SCHEDULES = ("1f1b", "interleaved", "zb-h1")
+PRECISIONS = ("bf16", "fp16", "fp8")
+OPTIMIZER_CONVENTIONS = ("megatron", "deepspeed")
+
+
+@dataclass(frozen=True)
+class Strategy:
+    tp: int = 1                     # tensor_model_parallel_size
+    pp: int = 1                     # pipeline_model_parallel_size
+    dp: int = 1                     # data_parallel_size (world / (tp * pp * cp))
+    cp: int = 1                     # context_parallel_size
+    ep: int = 1                     # expert_model_parallel_size
+    etp: int | None = None          # expert_tensor_parallel_size; None = tp (Megatron's default)
+    vpp: int = 1                    # num_virtual_stages_per_pipeline_rank
+    micro_batch_size: int = 1
+    global_batch_size: int = 1
+    seq_length: int = 2048
+    recompute: str = "selective"    # none | selective | full
+    recompute_num_layers: int | None = None  # full recompute of only this many layers per stage
+    sequence_parallel: bool = True
+    zero_stage: int = 1             # 0 DDP, 1 distributed optimizer, 2 +grads, 3 +params (FSDP)
+    precision: str = "bf16"
+    schedule: str = "1f1b"          # 1f1b | interleaved | zb-h1
+    layers_per_stage: tuple[int, ...] | None = None   # per pipeline rank; None = even split
+    stage_node_groups: tuple[str, ...] | None = None  # node group hosting each pipeline rank
+    overlap_grad_reduce: bool = True
+    overlap_param_gather: bool = True
+    tp_comm_overlap: bool = False
+    fused_attention: bool = True    # flash/cuDNN fused attention (no s^2 activations)
+    offload_optimizer: bool = False
+    optimizer_convention: str = "megatron"
+
+    # ---- derived ---------------------------------------------------------------------
+    @property
+    def world_size(self) -> int:
+        return self.tp * self.pp * self.dp * self.cp
+
+    @property
+    def expert_tp(self) -> int:
+        return self.etp if self.etp is not None else self.tp
+
+    @property
+    def expert_dp(self) -> int:
+        """Megatron: expert data-parallel size = world / (etp * ep * pp)."""
+        return self.world_size // (self.expert_tp * self.ep * self.pp)
+
+    @property
+    def sp(self) -> bool:
+        """Megatron silently disables sequence parallelism at TP = 1 (arguments.py)."""
+        return self.sequence_parallel and self.tp > 1
+
+    @property
+    def num_microbatches(self) -> int:
+        return self.global_batch_size // (self.micro_batch_size * self.dp)
+
+    @property
+    def gpus_per_stage(self) -> int:
+        return self.tp * self.cp * self.dp
+
+    def stage_layers(self, model: ModelSpec) -> tuple[int, ...]:
+        if self.layers_per_stage is not None:
+            return self.layers_per_stage
+        base, extra = divmod(model.num_layers, self.pp)
+        return tuple(base + (1 if i < extra else 0) for i in range(self.pp))
+
+    def stage_layer_ranges(self, model: ModelSpec) -> list[tuple[int, int]]:
+        """[start, end) layer indices per pipeline rank (all its virtual chunks together)."""
+        out, start = [], 0
+        for n in self.stage_layers(model):
+            out.append((start, start + n))
+            start += n
+        return out
+
+    def with_(self, **kw) -> "Strategy":
+        return replace(self, **kw)
+
+
+def check_structure(s: Strategy, model: ModelSpec) -> None:
+    """Rules any launcher needs (not Megatron-specific): positive degrees, batch arithmetic,
+    layer split, MoE degrees. Megatron's own rules live in planner/emit/megatron_rules.py."""
+    for name in ("tp", "pp", "dp", "cp", "ep", "vpp", "micro_batch_size", "global_batch_size", "seq_length"):
+        v = getattr(s, name)
+        if not isinstance(v, int) or v < 1:
+            raise InvalidStrategy("positive-degrees", f"{name} = {v!r}, expected an integer >= 1")
+    if s.recompute not in RECOMPUTE:
+        raise InvalidStrategy("recompute", f"recompute = {s.recompute!r}, expected one of {RECOMPUTE}")
+    if s.schedule not in SCHEDULES:
+        raise InvalidStrategy("schedule", f"schedule = {s.schedule!r}, expected one of {SCHEDULES}")
+    if s.precision not in PRECISIONS:
+        raise InvalidStrategy("precision", f"precision = {s.precision!r}, expected one of {PRECISIONS}")
+    if s.zero_stage not in (0, 1, 2, 3):
+        raise InvalidStrategy("zero-stage", f"zero_stage = {s.zero_stage!r}, expected 0, 1, 2 or 3")
+    if s.global_batch_size % (s.micro_batch_size * s.dp) != 0:
+        raise InvalidStrategy("batch-divisibility",
+                              f"global batch {s.global_batch_size} is not divisible by micro batch "
+                              f"{s.micro_batch_size} x data-parallel {s.dp}")
+    if model.num_attention_heads % s.tp != 0:
+        raise InvalidStrategy("heads-divisible-by-tp",
+                              f"num_attention_heads ({model.num_attention_heads}) must be a multiple of tp ({s.tp})")
+    g = model.num_query_groups
+    if g % s.tp != 0 and s.tp % g != 0:
+        raise InvalidStrategy("query-groups-vs-tp",
+                              f"num_query_groups ({g}) must be a multiple or divisor of tp ({s.tp})")
+    if s.cp > 1 and s.seq_length % (2 * s.cp) != 0:
+        raise InvalidStrategy("seq-divisible-by-2cp",
+                              f"seq_length {s.seq_length} must be a multiple of 2 x cp ({2 * s.cp})")
+    layers = s.stage_layers(model)
+    if len(layers) != s.pp or sum(layers) != model.num_layers or min(layers) < 1:
+        raise InvalidStrategy("layer-split",
+                              f"layers per stage {list(layers)} must be {s.pp} positive counts summing to "
+                              f"{model.num_layers}")
+    if s.vpp > 1:
+        if s.pp < 2:
+            raise InvalidStrategy("vpp-needs-pp", "virtual stages need pipeline parallel size > 1")
+        if any(n % s.vpp for n in layers):
+            raise InvalidStrategy("vpp-layers",
+                                  f"layers per stage {list(layers)} must each be divisible by vpp {s.vpp}")
+        if s.num_microbatches % s.pp != 0:
+            raise InvalidStrategy("interleaved-microbatches",
+                                  f"interleaved schedule needs micro-batches ({s.num_microbatches}) to be "
+                                  f"a multiple of pp ({s.pp})")
+    if s.stage_node_groups is not None and len(s.stage_node_groups) != s.pp:
+        raise InvalidStrategy("stage-node-groups", f"{len(s.stage_node_groups)} node groups for {s.pp} stages")
+    if model.is_moe:
+        if model.num_experts % s.ep != 0:
+            raise InvalidStrategy("experts-divisible-by-ep",
+                                  f"num_experts ({model.num_experts}) must be a multiple of ep ({s.ep})")
+        if (s.tp * s.cp * s.dp) % (s.expert_tp * s.ep) != 0:
+            raise InvalidStrategy("expert-grid",
+                                  f"etp x ep ({s.expert_tp} x {s.ep}) must divide tp x cp x dp "
+                                  f"({s.tp * s.cp * s.dp})")
+    elif s.ep != 1:
+        raise InvalidStrategy("ep-needs-moe", f"ep = {s.ep} but the model has no experts")
+    if s.recompute_num_layers is not None:
+        if s.recompute != "full":
+            raise InvalidStrategy("recompute-num-layers", "recompute_num_layers needs recompute = full")
+        if not (1 <= s.recompute_num_layers <= min(layers) // s.vpp):
+            raise InvalidStrategy("recompute-num-layers",
+                                  f"recompute_num_layers {s.recompute_num_layers} must be in [1, {min(layers) // s.vpp}]")
