@@ -1,0 +1,220 @@
+"""Megatron-LM launch arguments and launch scripts for a plan.
+
+Only pretrain_gpt.py flags that follow from the plan; data and tokenizer flags stay the user's
+(the script passes "$@" through). Every emitted launch is parsed back and checked against
+megatron_rules before it is written.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import tempfile
+from pathlib import Path
+
+from ..errors import InvalidStrategy, PlannerError
+from ..specs.model import ModelSpec
+from ..strategy import Strategy
+from .megatron_parse import parse_words
+from .megatron_rules import megatron_violations
+
+
+def layout_string(model: ModelSpec, s: Strategy) -> str:
+    """--pipeline-model-parallel-layout for uneven stages: pp x vpp segments, 'E' on the first,
+    'L' on the last; rank r's chunks are segments r, r + pp, ... (Megatron's order)."""
+    per_rank = s.stage_layers(model)
+    v = s.vpp
+    segs = [[0] * s.pp for _ in range(v)]
+    for r, n in enumerate(per_rank):
+        base, extra = divmod(n, v)
+        for c in range(v):
+            segs[c][r] = base + (1 if c < extra else 0)
+    flat = [segs[c][r] for c in range(v) for r in range(s.pp)]
+    out = []
+    for k, n in enumerate(flat):
+        seg = ("E" if k == 0 else "") + (f"t*{n}" if n > 1 else ("t" if n == 1 else "")) + ("L" if k == len(flat) - 1 else "")
+        out.append(seg)
+    return "|".join(out)
+
+
+def megatron_args(model: ModelSpec, s: Strategy) -> list[str]:
+    a: list[str] = []
+
+    def add(flag, value=None):
+        a.append(flag)
+        if value is not None:
+            a.append(str(value))
+
+    add("--num-layers", model.num_layers)
+    add("--hidden-size", model.hidden_size)
+    add("--num-attention-heads", model.num_attention_heads)
+    if model.num_query_groups != model.num_attention_heads and not model.multi_latent_attention:
+        add("--group-query-attention")
+        add("--num-query-groups", model.num_query_groups)
+    if not model.multi_latent_attention and (model.hidden_size % model.num_attention_heads
+                                             or model.kv_channels != model.hidden_size // model.num_attention_heads):
+        add("--kv-channels", model.kv_channels)
+    add("--ffn-hidden-size", model.ffn_hidden_size)
+    add("--vocab-size", model.vocab_size)
+    add("--seq-length", s.seq_length)
+    add("--max-position-embeddings", max(model.max_position_embeddings, s.seq_length))
+    add("--position-embedding-type", model.position_embedding_type)
+    add("--normalization", model.normalization)
+    if model.swiglu:
+        add("--swiglu")
+    if model.untie_embeddings_and_output_weights:
+        add("--untie-embeddings-and-output-weights")
+    if not model.add_bias_linear:
+        add("--disable-bias-linear")
+    if model.add_qkv_bias:
+        add("--add-qkv-bias")
+    if model.qk_layernorm:
+        add("--qk-layernorm")
+    add("--attention-dropout", model.attention_dropout)
+    add("--hidden-dropout", model.hidden_dropout)
+    if model.is_moe:
+        add("--num-experts", model.num_experts)
+        add("--moe-router-topk", model.moe_router_topk)
+        add("--moe-ffn-hidden-size", model.moe_ffn_hidden_size)
+        if model.moe_shared_expert_intermediate_size:
+            add("--moe-shared-expert-intermediate-size", model.moe_shared_expert_intermediate_size)
+        pat = model.moe_layer_pattern
+        if not all(pat):
+            add("--moe-layer-freq", "[" + ",".join(str(x) for x in pat) + "]")
+        if model.moe_capacity_factor:
+            add("--moe-expert-capacity-factor", model.moe_capacity_factor)
+        add("--moe-grouped-gemm")
+        add("--moe-token-dispatcher-type", "alltoall")
+        add("--expert-model-parallel-size", s.ep)
+        add("--expert-tensor-parallel-size", s.expert_tp)
+    if model.multi_latent_attention:
+        add("--multi-latent-attention")
+        if model.q_lora_rank:
+            add("--q-lora-rank", model.q_lora_rank)
+        add("--kv-lora-rank", model.kv_lora_rank)
+        add("--qk-head-dim", model.qk_head_dim)
+        add("--qk-pos-emb-head-dim", model.qk_pos_emb_head_dim)
+        add("--v-head-dim", model.v_head_dim)
+    add("--tensor-model-parallel-size", s.tp)
+    add("--pipeline-model-parallel-size", s.pp)
+    if s.cp > 1:
+        add("--context-parallel-size", s.cp)
+    even = s.layers_per_stage is None or len(set(s.stage_layers(model))) == 1
+    if s.pp > 1 and not even:
+        add("--pipeline-model-parallel-layout", layout_string(model, s))
+    elif s.vpp > 1:
+        add("--num-virtual-stages-per-pipeline-rank", s.vpp)
+    add("--micro-batch-size", s.micro_batch_size)
+    add("--global-batch-size", s.global_batch_size)
+    if s.recompute == "selective":
+        add("--recompute-granularity", "selective")
+    elif s.recompute == "full":
+        add("--recompute-granularity", "full")
+        if s.recompute_num_layers is None:
+            add("--recompute-method", "uniform")
+            add("--recompute-num-layers", 1)
+        else:
+            add("--recompute-method", "block")
+            add("--recompute-num-layers", s.recompute_num_layers)
+    if s.sp:
+        add("--sequence-parallel")
+    if s.zero_stage == 1:
+        add("--use-distributed-optimizer")
+    elif s.zero_stage in (2, 3):
+        add("--use-megatron-fsdp")
+        add("--data-parallel-sharding-strategy", "optim_grads" if s.zero_stage == 2 else "optim_grads_params")
+    if s.zero_stage >= 1 and s.overlap_grad_reduce:
+        add("--overlap-grad-reduce")
+        if s.overlap_param_gather:
+            add("--overlap-param-gather")
+    elif s.zero_stage == 0 and s.overlap_grad_reduce:
+        add("--overlap-grad-reduce")
+    if s.tp_comm_overlap and s.sp:
+        add("--tp-comm-overlap")
+    if s.offload_optimizer:
+        add("--optimizer-cpu-offload")
+    if s.precision == "fp16":
+        add("--fp16")
+    else:
+        add("--bf16")
+        if s.precision == "fp8":
+            add("--fp8-format", "hybrid")
+    add("--attention-backend", "auto")
+    return a
+
+
+def checked_args(model: ModelSpec, s: Strategy) -> list[str]:
+    """The emitted flags, parsed back and validated against Megatron's rules."""
+    args = megatron_args(model, s)
+    launch = parse_words(args + ["--world-size", str(s.world_size)], "emitted launch", model.name)
+    v = megatron_violations(launch, model)
+    if v:
+        raise InvalidStrategy(v[0].rule, f"emitted launch would be rejected by Megatron: {v[0]}")
+    return args
+
+
+def stage_host_map(s: Strategy, stage_groups: tuple[str, ...], gpus_per_node: dict) -> list[dict]:
+    """Which nodes (by node group) host which ranks. Megatron's rank order tp-cp-ep-dp-pp makes
+    stage i the ranks [i*tp*cp*dp, (i+1)*tp*cp*dp)."""
+    per = s.gpus_per_stage
+    rows = []
+    next_node = {g: 0 for g in gpus_per_node}
+    node_rank = 0
+    for i, g in enumerate(stage_groups):
+        gpn = gpus_per_node[g]
+        n_nodes = max(1, per // gpn)
+        rows.append({"stage": i, "node_group": g, "ranks": [i * per, (i + 1) * per - 1],
+                     "node_ranks": [node_rank, node_rank + n_nodes - 1],
+                     "group_nodes": [next_node[g], next_node[g] + n_nodes - 1]})
+        node_rank += n_nodes
+        next_node[g] += n_nodes
+    return rows
+
+
+def launch_script(args: list[str], s: Strategy, host_map: list[dict], gpus_per_node: int, plan_name: str) -> str:
+    """torchrun launch script; nodes join in the order of HOSTFILE_<group> so that each pipeline
+    stage lands on the node group the plan chose."""
+    nnodes = host_map[-1]["node_ranks"][1] + 1 if host_map else max(1, s.world_size // gpus_per_node)
+    order = "\n".join(f"#   node ranks {r['node_ranks'][0]}-{r['node_ranks'][1]}: {r['node_group']} "
+                      f"nodes {r['group_nodes'][0]}-{r['group_nodes'][1]} -> pipeline stage {r['stage']} "
+                      f"(ranks {r['ranks'][0]}-{r['ranks'][1]})" for r in host_map)
+    flags = " \\\n  ".join(" ".join(shlex.quote(x) for x in args[i:i + 2]) if i + 1 < len(args) and not args[i + 1].startswith("--")
+                           else shlex.quote(args[i]) for i in _flag_starts(args))
+    return f"""#!/usr/bin/env bash
+# {plan_name}: generated by planner. World size {s.world_size} = tp {s.tp} x cp {s.cp} x dp {s.dp} x pp {s.pp}.
+# Megatron's rank order tp-cp-ep-dp-pp puts pipeline stage i on ranks [i*{s.gpus_per_stage}, (i+1)*{s.gpus_per_stage}).
+# Start one copy per node with NODE_RANK set so that:
+{order}
+# Usage: MASTER_ADDR=host MASTER_PORT=29500 NODE_RANK=k ./launch.sh --data-path ... --tokenizer-type ...
+set -euo pipefail
+: "${{MASTER_ADDR:?set MASTER_ADDR}}" "${{NODE_RANK:?set NODE_RANK}}"
+MASTER_PORT=${{MASTER_PORT:-29500}}
+NNODES=${{NNODES:-{nnodes}}}
+GPUS_PER_NODE=${{GPUS_PER_NODE:-{gpus_per_node}}}
+MEGATRON=${{MEGATRON:-.}}
+export CUDA_DEVICE_MAX_CONNECTIONS=1
+
+torchrun --nnodes "$NNODES" --nproc-per-node "$GPUS_PER_NODE" --node-rank "$NODE_RANK" \\
+  --rdzv-backend c10d --rdzv-endpoint "$MASTER_ADDR:$MASTER_PORT" \\
+  "$MEGATRON/pretrain_gpt.py" \\
+  {flags} \\
+  "$@"
+"""
+
+
+def _flag_starts(args: list[str]) -> list[int]:
+    return [i for i, x in enumerate(args) if x.startswith("--")]
+
+
+def write_atomic(path: Path, text: str, mode: int = 0o644) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise

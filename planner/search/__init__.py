@@ -1,0 +1,1 @@
+"""Search: enumerate the space, prune with cheap bounds, price the survivors, partition stages."""

@@ -1,0 +1,192 @@
+"""Stage partition: how many consecutive layers each pipeline stage carries.
+
+Given per-layer costs on each stage's GPU (seconds per micro-batch; bytes of memory per layer
+with that stage's in-flight micro-batches) plus fixed extras per stage (embedding on the first,
+output layer and loss on the last), find the contiguous split that minimises the pipeline time
+  T = (m - 1/v) max_i t_i + (1/v) sum_i t_i
+subject to each stage's memory <= its usable capacity.
+
+Two exact solvers of the same problem:
+- `partition_dp`: dynamic programming. For a bound B on stage time it computes, over layers x
+  stages, the least sum of stage times with every stage <= B and in memory (O(p L^2), vectorised
+  over the split point). B runs over the candidate stage times in increasing order, starting at
+  the min-max value; it stops once (m - 1/v) B alone exceeds the best objective found, so the
+  optimum is exact.
+- `partition_ilp`: the same as an integer program in PuLP (CBC, or HiGHS if installed): binary
+  x[i,k] = layer k on stage i with a monotone (contiguous) assignment.
+tests/test_partition.py checks both against brute force.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class PartitionProblem:
+    layer_time: np.ndarray      # [p, L] seconds per micro-batch of layer k if on stage i
+    layer_mem: np.ndarray       # [p, L] bytes of layer k if on stage i (incl. in-flight factor)
+    extra_time: np.ndarray      # [p]
+    extra_mem: np.ndarray       # [p]
+    capacity: np.ndarray        # [p] usable bytes
+    m: int
+    v: int = 1
+
+    @property
+    def p(self) -> int:
+        return self.layer_time.shape[0]
+
+    @property
+    def L(self) -> int:
+        return self.layer_time.shape[1]
+
+    def objective(self, times) -> float:
+        return (self.m - 1.0 / self.v) * max(times) + sum(times) / self.v
+
+    def stage_costs(self, split: tuple[int, ...]):
+        times, mems, start = [], [], 0
+        for i, n in enumerate(split):
+            times.append(float(self.layer_time[i, start:start + n].sum() + self.extra_time[i]))
+            mems.append(float(self.layer_mem[i, start:start + n].sum() + self.extra_mem[i]))
+            start += n
+        return times, mems
+
+    def feasible(self, split) -> bool:
+        _, mems = self.stage_costs(split)
+        return all(mm <= c for mm, c in zip(mems, self.capacity))
+
+
+@dataclass(frozen=True)
+class PartitionResult:
+    layers: tuple[int, ...] | None
+    objective: float
+    solver: str
+    status: str           # optimal | infeasible | time-limit
+    gap: float = 0.0
+
+
+def _dp_min_sum(P_t, P_m, prob: PartitionProblem, bound: float, multiple: int):
+    """Least sum of stage times with every stage <= bound and in memory; returns (sum, split)."""
+    p, L = prob.p, prob.L
+    INF = np.inf
+    best = np.full(L + 1, INF)
+    best[0] = 0.0
+    choice = np.zeros((p, L + 1), dtype=np.int64)
+    idx = np.arange(L + 1)
+    for i in range(p):
+        new = np.full(L + 1, INF)
+        for k in range(1, L + 1):
+            j = idx[:k]
+            n = k - j
+            t = P_t[i, k] - P_t[i, j] + prob.extra_time[i]
+            mem = P_m[i, k] - P_m[i, j] + prob.extra_mem[i]
+            ok = (t <= bound + 1e-15) & (mem <= prob.capacity[i]) & (n % multiple == 0)
+            cand = np.where(ok, best[j] + t, INF)
+            a = int(np.argmin(cand))
+            new[k] = cand[a]
+            choice[i, k] = a
+        best = new
+    if not np.isfinite(best[L]):
+        return INF, None
+    split, k = [], L
+    for i in range(p - 1, -1, -1):
+        j = int(choice[i, k])
+        split.append(k - j)
+        k = j
+    return float(best[L]), tuple(reversed(split))
+
+
+def partition_dp(prob: PartitionProblem, multiple: int = 1, max_bounds: int = 64) -> PartitionResult:
+    """Exact DP (see module doc). `multiple`: each stage's layer count must be a multiple of it
+    (virtual stages need layers divisible by v)."""
+    P_t = np.concatenate([np.zeros((prob.p, 1)), np.cumsum(prob.layer_time, axis=1)], axis=1)
+    P_m = np.concatenate([np.zeros((prob.p, 1)), np.cumsum(prob.layer_mem, axis=1)], axis=1)
+    # candidate bounds: every achievable stage time, sorted
+    cands = set()
+    for i in range(prob.p):
+        for a in range(prob.L):
+            for b in range(a + 1, prob.L + 1):
+                cands.add(P_t[i, b] - P_t[i, a] + prob.extra_time[i])
+    bounds = np.array(sorted(cands))
+    # min-max by binary search over the bounds (feasibility is monotone in the bound)
+    lo, hi = 0, len(bounds) - 1
+    s_hi, _ = _dp_min_sum(P_t, P_m, prob, bounds[hi], multiple)
+    if not np.isfinite(s_hi):
+        return PartitionResult(None, float("inf"), "dp", "infeasible")
+    while lo < hi:
+        mid = (lo + hi) // 2
+        s, _ = _dp_min_sum(P_t, P_m, prob, bounds[mid], multiple)
+        if np.isfinite(s):
+            hi = mid
+        else:
+            lo = mid + 1
+    best_obj, best_split = float("inf"), None
+    a = (prob.m - 1.0 / prob.v)
+    for count, k in enumerate(range(lo, len(bounds))):
+        B = bounds[k]
+        if a * B >= best_obj or count >= max_bounds and best_split is not None:
+            break
+        s, split = _dp_min_sum(P_t, P_m, prob, B, multiple)
+        if split is None:
+            continue
+        times, _ = prob.stage_costs(split)
+        obj = prob.objective(times)
+        if obj < best_obj - 1e-15:
+            best_obj, best_split = obj, split
+    status = "optimal" if (best_split is not None) else "infeasible"
+    return PartitionResult(best_split, best_obj, "dp", status)
+
+
+def partition_ilp(prob: PartitionProblem, multiple: int = 1, time_limit_s: float = 20.0,
+                  solver: str = "cbc") -> PartitionResult:
+    """The same problem as an ILP in PuLP. Raises ImportError/RuntimeError if no solver runs."""
+    import pulp
+
+    p, L = prob.p, prob.L
+    lp = pulp.LpProblem("stage_partition", pulp.LpMinimize)
+    # y[i][k] = 1 if layer k sits on a stage <= i (a staircase: contiguous stages)
+    y = [[pulp.LpVariable(f"y_{i}_{k}", cat="Binary") for k in range(L)] for i in range(p)]
+    T = pulp.LpVariable("T", lowBound=0)
+    x = [[None] * L for _ in range(p)]
+    for i in range(p):
+        for k in range(L):
+            x[i][k] = y[i][k] - (y[i - 1][k] if i > 0 else 0)
+    for k in range(L):
+        lp += y[p - 1][k] == 1
+        for i in range(1, p):
+            lp += y[i][k] >= y[i - 1][k]
+    for i in range(p):
+        for k in range(L - 1):
+            lp += y[i][k] >= y[i][k + 1]
+    times = []
+    for i in range(p):
+        n_i = pulp.lpSum(x[i][k] for k in range(L))
+        lp += n_i >= multiple
+        if multiple > 1:
+            q = pulp.LpVariable(f"q_{i}", lowBound=1, cat="Integer")
+            lp += n_i == multiple * q
+        t_i = pulp.lpSum(float(prob.layer_time[i, k]) * x[i][k] for k in range(L)) + float(prob.extra_time[i])
+        mem_i = pulp.lpSum(float(prob.layer_mem[i, k]) * x[i][k] for k in range(L)) + float(prob.extra_mem[i])
+        lp += mem_i <= float(prob.capacity[i])
+        lp += T >= t_i
+        times.append(t_i)
+    lp += (prob.m - 1.0 / prob.v) * T + pulp.lpSum(times) * (1.0 / prob.v)
+    if solver == "highs":
+        s = pulp.HiGHS(msg=False, timeLimit=time_limit_s)
+    else:
+        s = pulp.PULP_CBC_CMD(msg=False, timeLimit=time_limit_s)
+    status = lp.solve(s)
+    st = pulp.LpStatus[status]
+    if st == "Infeasible":
+        return PartitionResult(None, float("inf"), f"ilp-{solver}", "infeasible")
+    if st not in ("Optimal", "Not Solved") or pulp.value(T) is None:
+        raise RuntimeError(f"ILP solver returned {st}")
+    split = []
+    for i in range(p):
+        split.append(int(round(sum(pulp.value(x[i][k]) for k in range(L)))))
+    times_v, _ = prob.stage_costs(tuple(split))
+    obj = prob.objective(times_v)
+    bound = getattr(lp, "bestBound", None)
+    return PartitionResult(tuple(split), obj, f"ilp-{solver}", "optimal" if st == "Optimal" else "time-limit")
