@@ -139,6 +139,185 @@ def estimate(
     raise typer.Exit(0 if e.fits else 1)
 
 
+def _parse_fix(items: list[str]) -> tuple:
+    allowed = {"tp": int, "pp": int, "dp": int, "cp": int, "ep": int, "etp": int, "vpp": int,
+               "mbs": int, "recompute": str, "zero": int}
+    out = []
+    for it in items or []:
+        k, _, v = it.partition("=")
+        if k not in allowed or not v:
+            from .yamlio import suggest
+            raise SpecError("--fix", k, f"expected NAME=VALUE with NAME one of {', '.join(allowed)}{suggest(k, allowed)}")
+        try:
+            out.append((k, allowed[k](v)))
+        except ValueError:
+            raise SpecError("--fix", k, f"found {v!r}, expected an integer") from None
+    return tuple(out)
+
+
+@app.command()
+def plan(
+    model: str = typer.Option(..., "--model", help="Model YAML / HF config.json path or bundled name."),
+    cluster: str = typer.Option(..., "--cluster", help="Cluster YAML path or bundled name."),
+    global_batch_size: int = typer.Option(..., "--global-batch-size"),
+    seq_length: int = typer.Option(..., "--seq-length"),
+    top: int = typer.Option(3, "--top", min=1, max=50),
+    fix: Optional[List[str]] = typer.Option(None, "--fix", help="Pin a choice, e.g. --fix tp=8 --fix recompute=full"),
+    precision: str = typer.Option("bf16", "--precision", help="bf16 | fp16 | fp8"),
+    zero: str = typer.Option("0,1", "--zero-stages", help="ZeRO stages to consider (2, 3 = Megatron-FSDP)"),
+    solver: str = typer.Option("dp", "--solver", help="dp | ilp | ilp-highs (stage partition)"),
+    time_limit: float = typer.Option(120.0, "--time-limit", help="Seconds before the search stops with its best so far."),
+    emit: Optional[str] = typer.Option(None, "--emit", help="megatron: write launch files"),
+    out: Optional[str] = typer.Option(None, "--out", help="Folder for --emit"),
+    force: bool = typer.Option(False, "--force", help="Overwrite an existing --out folder"),
+    as_json: bool = typer.Option(False, "--json"),
+):
+    """Search the best DP/TP/PP/CP/EP layout, micro-batch, recompute, ZeRO and stage split."""
+    from .emit.report import estimate_to_dict, strategy_to_dict
+    from .library import load_cluster_ref, load_model_ref
+    from .search.planner import SearchOptions, search
+    from .strategy import PRECISIONS
+    if precision not in PRECISIONS:
+        raise SpecError("--precision", None, f"found {precision!r}, expected one of {', '.join(PRECISIONS)}")
+    if solver not in ("dp", "ilp", "ilp-highs"):
+        raise SpecError("--solver", None, f"found {solver!r}, expected dp, ilp or ilp-highs")
+    if emit not in (None, "megatron"):
+        raise SpecError("--emit", None, f"found {emit!r}, expected 'megatron'")
+    if emit and not out:
+        raise SpecError("--out", None, "required with --emit")
+    if out and os.path.exists(out) and os.listdir(out) and not force:
+        raise SpecError(out, None, "output folder exists and is not empty; pass --force to overwrite")
+    for name, v in (("--global-batch-size", global_batch_size), ("--seq-length", seq_length)):
+        if v < 1 or v > 10**8:
+            raise SpecError(name, None, f"found {v}, expected an integer in [1, 1e8]")
+    try:
+        zs = tuple(int(x) for x in zero.split(","))
+        assert all(z in (0, 1, 2, 3) for z in zs)
+    except (ValueError, AssertionError):
+        raise SpecError("--zero-stages", None, f"found {zero!r}, expected e.g. 0,1") from None
+    m = load_model_ref(model)
+    c = load_cluster_ref(cluster)
+    opts = SearchOptions(global_batch_size=global_batch_size, seq_length=seq_length, top=top,
+                         fixed=_parse_fix(fix), precision=precision, zero_stages=zs, solver=solver,
+                         time_limit_s=time_limit)
+    if as_json:
+        res = search(m, c, opts)
+    else:
+        from rich.progress import Progress
+        with Progress(transient=True, console=err_console) as prog:
+            task = prog.add_task("pricing candidates", total=None)
+            res = search(m, c, opts, progress=lambda k, n: prog.update(task, completed=k, total=n))
+    for w in res.warnings:
+        err_console.print(f"warning: {w}", markup=False)
+    search_info = {"candidates": res.candidates, "pruned": res.pruned_memory + res.pruned_bound,
+                   "pruned_memory": res.pruned_memory, "pruned_bound": res.pruned_bound, "priced": res.priced,
+                   "seconds": round(res.seconds, 3), "solver": res.solver, "status": res.status,
+                   "optimality_gap": res.optimality_gap}
+    if not res.plans:
+        _report_no_fit(res, m, c, as_json, search_info)
+        raise typer.Exit(1)
+    written = []
+    if emit == "megatron":
+        from .emit.writer import write_plans
+        written = write_plans(res.plans, out, force)
+    if as_json:
+        doc = {"search": search_info, "plans": [], "idle_node_groups": res.idle_groups}
+        for e in res.plans:
+            d = estimate_to_dict(e)
+            doc["plans"].append({"plan": d["plan"], "memory": d["memory"], "time": d["time"],
+                                 "throughput": d["throughput"], "communication": d["communication"]})
+        if written:
+            doc["emitted"] = written
+        _print_json(doc)
+    else:
+        _render_plans(res, m, c, search_info)
+        for w in written:
+            console.print(f"wrote {w}")
+    raise typer.Exit(0)
+
+
+def _render_plans(res, m, c, info) -> None:
+    from rich.table import Table
+    t = Table(title=f"Top plans: {m.name} on {c.name} ({c.num_gpus} GPUs)")
+    for col in ("#", "tp pp dp cp ep vpp", "mbs", "recompute", "zero", "layers/stage", "stages on",
+                "GiB used/usable", "step s", "tokens/s", "MFU"):
+        t.add_column(col, justify="right", overflow="fold")
+    for k, e in enumerate(res.plans, 1):
+        s = e.strategy
+        pk = e.peak_memory
+        layers = _compress([str(x) for x in s.stage_layers(m)])
+        t.add_row(str(k), f"{s.tp} {s.pp} {s.dp} {s.cp} {s.ep} {s.vpp}", str(s.micro_batch_size), s.recompute,
+                  str(s.zero_stage), layers, _compress(e.stage_groups),
+                  f"{pk.total / 2**30:.1f}/{pk.capacity / 2**30:.1f}", f"{e.step_time_s:.3f}",
+                  f"{e.tokens_per_s:,.0f}", f"{e.mfu * 100:.1f}%")
+    console.print(t)
+    console.print(f"searched {info['candidates']} candidates ({info['pruned_memory']} pruned by memory, "
+                  f"{info['pruned_bound']} by the compute bound, {info['priced']} priced) in {info['seconds']:.1f} s; "
+                  f"stage partition solver: {info['solver']}")
+    if res.idle_groups:
+        console.print(f"node groups left idle by the best plan: {', '.join(res.idle_groups)} "
+                      "(adding them did not make a faster plan under the cost model)")
+
+
+def _compress(groups) -> str:
+    out = []
+    for g in groups:
+        if out and out[-1][0] == g:
+            out[-1][1] += 1
+        else:
+            out.append([g, 1])
+    return " ".join(f"{g}x{n}" for g, n in out)
+
+
+def _report_no_fit(res, m, c, as_json, info) -> None:
+    e = res.closest
+    msg = {"search": info, "plans": [], "error": "no plan fits in memory"}
+    if e is not None:
+        worst = max(e.memory, key=lambda x: x.total - x.capacity)
+        short = worst.total - worst.capacity
+        s = e.strategy
+        hints = []
+        if s.recompute != "full":
+            hints.append("full recompute (--fix recompute=full)")
+        if s.micro_batch_size > 1:
+            hints.append("a smaller micro-batch")
+        hints.append("ZeRO-3 / FSDP (--zero-stages 0,1,3)")
+        hints.append("optimizer offload (planner estimate --offload-optimizer)")
+        need = e.model.parameters * 18 / (worst.capacity * 0.8)
+        hints.append(f"more GPUs (model states alone need about {need:,.0f} GPUs of this size at 18 bytes/parameter)")
+        msg["closest"] = {"plan": {"tp": s.tp, "pp": s.pp, "dp": s.dp, "cp": s.cp, "ep": s.ep,
+                                   "micro_batch_size": s.micro_batch_size, "recompute": s.recompute,
+                                   "zero_stage": s.zero_stage},
+                          "stage": worst.stage, "short_bytes": short, "needed_bytes": worst.total,
+                          "usable_bytes": worst.capacity, "suggestions": hints}
+        text = (f"no plan fits in memory. Closest: tp={s.tp} pp={s.pp} dp={s.dp} cp={s.cp} ep={s.ep} "
+                f"mbs={s.micro_batch_size} recompute={s.recompute} zero={s.zero_stage}: stage {worst.stage} needs "
+                f"{worst.total / 2**30:.1f} GiB of {worst.capacity / 2**30:.1f} GiB usable "
+                f"({short / 2**30:.1f} GiB short). Try: " + "; ".join(hints))
+    else:
+        text = "no valid plan in the search space for this model and cluster"
+    if as_json:
+        _print_json(msg)
+    else:
+        err_console.print(f"error: {text}", markup=False)
+
+
+@app.command()
+def check(
+    cluster: str = typer.Option(..., "--cluster"),
+    megatron_args: Optional[str] = typer.Option(None, "--megatron-args"),
+    plan_file: Optional[str] = typer.Option(None, "--plan", help="A plan JSON written by `planner plan --json`"),
+    model: Optional[str] = typer.Option(None, "--model"),
+    world_size: Optional[int] = typer.Option(None, "--world-size", help="Default: from torchrun flags, else the cluster size"),
+    as_json: bool = typer.Option(False, "--json"),
+):
+    """CI gate: exit 0 if the launch is valid and fits, 1 if it breaks a rule or does not fit,
+    2 if the input is unusable."""
+    from .emit.check import run_check
+    code = run_check(cluster, megatron_args, plan_file, model, world_size, as_json, console, err_console)
+    raise typer.Exit(code)
+
+
 def main() -> None:
     """Entry point: every expected error is one line and exit 2 (1 for invalid/does-not-fit)."""
     try:
