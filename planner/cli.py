@@ -321,7 +321,8 @@ def check(
 def main() -> None:
     """Entry point: every expected error is one line and exit 2 (1 for invalid/does-not-fit)."""
     try:
-        app(standalone_mode=False)
+        rc = app(standalone_mode=False)   # click returns the code of a typer.Exit here
+        sys.exit(rc if isinstance(rc, int) else 0)
     except typer.Exit as exc:
         sys.exit(exc.exit_code)
     except SystemExit:

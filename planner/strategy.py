@@ -41,6 +41,11 @@ class Strategy:
     offload_optimizer: bool = False
     optimizer_convention: str = "megatron"
 
+    def __post_init__(self):
+        # more than one virtual stage per rank means Megatron's interleaved 1F1B schedule
+        if isinstance(self.vpp, int) and self.vpp > 1 and self.schedule == "1f1b":
+            object.__setattr__(self, "schedule", "interleaved")
+
     # ---- derived ---------------------------------------------------------------------
     @property
     def world_size(self) -> int:

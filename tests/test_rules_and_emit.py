@@ -1,0 +1,112 @@
+import json
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from planner.emit.megatron import checked_args, layout_string, megatron_args
+from planner.emit.megatron_parse import parse_text, parse_words, tokenize
+from planner.emit.megatron_rules import megatron_violations
+from planner.errors import SpecError
+from planner.estimate import estimate
+from planner.library import load_cluster_ref, load_model_ref
+from planner.strategy import Strategy
+
+
+def test_rules_agree_with_megatron_vectors(reference):
+    vec = yaml.safe_load(open(reference / "megatron_vectors.yaml"))
+    for v in vec["rules"]:
+        L = parse_words(tokenize(v["args"] + f" --world-size {v['world_size']}", "v"), "v")
+        assert (not megatron_violations(L)) == v["accepted"], v["name"]
+
+
+def test_parser_handles_shell_forms(monkeypatch):
+    text = """# a launch script
+torchrun --nnodes 2 --nproc-per-node 8 pretrain_gpt.py \\
+  --num-layers 32 --hidden-size=4096 --num-attention-heads 32 \\
+  --seq-length "$SEQ" --max-position-embeddings 4096 --vocab-size 32000 \\
+  --micro-batch-size 1 --global-batch-size 64 --tensor-model-parallel-size 2 \\
+  --data-path /x/y --lr 3e-4  # comment
+"""
+    L = parse_text(text, "launch.sh", env={"SEQ": "4096"})
+    assert L.world_size == 16 and L.strategy.tp == 2 and L.strategy.dp == 8
+    assert L.strategy.seq_length == 4096 and "--data-path" in L.ignored and "--lr" in L.ignored
+    with pytest.raises(SpecError, match="SEQ"):
+        parse_text(text, "launch.sh", env={})
+
+
+def test_layout_string_roundtrip():
+    m = load_model_ref("llama3-8b")
+    s = Strategy(pp=4, dp=2, layers_per_stage=(7, 9, 9, 7), global_batch_size=64)
+    assert layout_string(m, s) == "Et*7|t*9|t*9|t*7L"
+
+
+@pytest.mark.parametrize("model,cluster,kw", [
+    ("llama3-8b", "dgx-h100-x8", dict(tp=2, pp=2, dp=16, vpp=4, global_batch_size=128)),
+    ("llama3-70b", "dgx-h100-x16", dict(tp=8, pp=4, dp=4, layers_per_stage=(18, 22, 22, 18), global_batch_size=256)),
+    ("mixtral-8x7b", "dgx-h100-x8", dict(tp=2, pp=2, dp=16, ep=8, etp=1, global_batch_size=128)),
+    ("deepseek-v3", "dgx-h100-x128", dict(tp=8, pp=8, dp=16, ep=64, etp=1, recompute="full", global_batch_size=1024,
+                                          layers_per_stage=(7, 8, 8, 8, 8, 8, 7, 7))),
+])
+def test_emitted_launch_round_trips(model, cluster, kw):
+    m, c = load_model_ref(model), load_cluster_ref(cluster)
+    s = Strategy(seq_length=4096, **kw)
+    args = checked_args(m, s)
+    back = parse_words(args + ["--world-size", str(s.world_size)], "emitted")
+    assert not megatron_violations(back, m)
+    e1 = estimate(m, c, s)
+    e2 = estimate(back.model, c, back.strategy.with_(stage_node_groups=None))
+    assert e2.step_time_s == pytest.approx(e1.step_time_s, rel=1e-9)
+    assert max(x.total for x in e2.memory) == pytest.approx(max(x.total for x in e1.memory), rel=1e-9)
+
+
+def _cli(*args, env=None):
+    return subprocess.run([sys.executable, "-m", "planner.cli", *args], capture_output=True, text=True, env=env)
+
+
+def test_check_gate_exit_codes(tmp_path, reference):
+    vec = yaml.safe_load(open(reference / "megatron_vectors.yaml"))
+    ok = next(v for v in vec["rules"] if v["name"] == "ok-baseline")
+    f = tmp_path / "ok.sh"
+    f.write_text(f"torchrun --nnodes 2 --nproc-per-node 8 pretrain_gpt.py {ok['args']}\n")
+    r = _cli("check", "--cluster", "dgx-h100-x8", "--megatron-args", str(f))
+    assert r.returncode == 0, r.stderr
+    bad = next(v for v in vec["rules"] if v["name"] == "layers-not-divisible-by-pp")
+    f2 = tmp_path / "bad.sh"
+    f2.write_text(f"torchrun --nnodes 3 --nproc-per-node 8 pretrain_gpt.py {bad['args']}\n")
+    r = _cli("check", "--cluster", "dgx-h100-x8", "--megatron-args", str(f2))
+    assert r.returncode == 1 and "divisible" in r.stderr
+    # does not fit: 70B with no sharding on 8 GPUs
+    f3 = tmp_path / "oom.sh"
+    f3.write_text("torchrun --nnodes 1 --nproc-per-node 8 pretrain_gpt.py --num-layers 80 --hidden-size 8192 "
+                  "--num-attention-heads 64 --seq-length 4096 --max-position-embeddings 4096 --vocab-size 128256 "
+                  "--micro-batch-size 1 --global-batch-size 8 --bf16\n")
+    r = _cli("check", "--cluster", "dgx-h100-x8", "--megatron-args", str(f3), "--json")
+    assert r.returncode == 1 and json.loads(r.stdout)["fits"] is False
+    r = _cli("check", "--cluster", "dgx-h100-x8", "--megatron-args", str(tmp_path / "missing.sh"))
+    assert r.returncode == 2 and "not found" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_plan_emit_and_no_traceback(tmp_path):
+    out = tmp_path / "out"
+    r = _cli("plan", "--model", "llama3-8b", "--cluster", "dgx-h100-x8", "--global-batch-size", "128",
+             "--seq-length", "4096", "--fix", "tp=2", "--fix", "pp=2", "--json", "--emit", "megatron", "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["plans"] and all(p["memory"]["fits"] for p in doc["plans"])
+    args = (out / "plan-1" / "megatron.args").read_text()
+    assert "--tensor-model-parallel-size 2" in args
+    r2 = _cli("plan", "--model", "llama3-8b", "--cluster", "dgx-h100-x8", "--global-batch-size", "128",
+              "--seq-length", "4096", "--fix", "tp=2", "--fix", "pp=2", "--emit", "megatron", "--out", str(out))
+    assert r2.returncode == 2 and "--force" in r2.stderr
+    r3 = _cli("plan", "--model", "nosuchmodel", "--cluster", "dgx-h100-x8", "--global-batch-size", "8", "--seq-length", "8")
+    assert r3.returncode == 2 and "Traceback" not in r3.stderr
+
+
+def test_plan_reports_when_nothing_fits():
+    r = _cli("plan", "--model", "llama3.1-405b", "--cluster", "dgx-h100-x8", "--global-batch-size", "64",
+             "--seq-length", "8192", "--json", "--fix", "tp=8", "--zero-stages", "0,1")
+    assert r.returncode == 1
+    doc = json.loads(r.stdout)
+    assert doc["plans"] == [] and doc["closest"]["short_bytes"] > 0
