@@ -121,8 +121,6 @@ def estimate(
         launch = parse_file(megatron_args)
         m = load_model_ref(model) if model else launch.model
         s = launch.strategy
-        if launch.world_size is None:
-            pass
         check_megatron(launch, m)
     else:
         if model is None:

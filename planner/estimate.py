@@ -344,8 +344,9 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, s: Strategy) -> Estimate:
         frac = 1.0 / 3.0 if s.recompute_num_layers is None else (s.recompute_num_layers * s.vpp * s.pp / model.num_layers) / 3.0
         hf = mf * (1 + frac)
     elif s.recompute == "selective":
-        attn = sum(4.0 * s.global_batch_size * s.seq_length ** 2 * model.num_attention_heads
-                   * C._attn_dims(model)[0] for _ in range(1)) * model.num_layers
+        # selective recompute repeats the core-attention forward: 4 B s^2 a d per layer
+        attn = 4.0 * s.global_batch_size * s.seq_length ** 2 * model.num_attention_heads \
+            * C._attn_dims(model)[0] * model.num_layers
         hf = mf + attn
     else:
         hf = mf

@@ -177,7 +177,7 @@ def output_layer_time(model: ModelSpec, s: Strategy, gpu: GPUProfile) -> tuple[f
     h = model.hidden_size
     f = gemm_time(gpu, dt, M, v_loc, h)
     ce = stream_time(gpu, (BYTES_16BIT + 4 + 4) * M * v_loc, kernels=3)   # upcast, softmax, loss
-    return f + ce, 2 * (f - gpu.efficiency.kernel_overhead_s) + 2 * gpu.efficiency.kernel_overhead_s + ce
+    return f + ce, 2 * f + ce   # backward: input-grad and weight-grad GEMMs, softmax grad
 
 
 def embedding_time(model: ModelSpec, s: Strategy, gpu: GPUProfile) -> tuple[float, float]:
