@@ -171,7 +171,7 @@ def plan(
     as_json: bool = typer.Option(False, "--json"),
 ):
     """Search the best DP/TP/PP/CP/EP layout, micro-batch, recompute, ZeRO and stage split."""
-    from .emit.report import estimate_to_dict, strategy_to_dict
+    from .emit.report import estimate_to_dict
     from .library import load_cluster_ref, load_model_ref
     from .search.planner import SearchOptions, search
     from .strategy import PRECISIONS

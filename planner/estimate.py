@@ -3,17 +3,17 @@ and throughput. This is the function `planner estimate` and the search call."""
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import lru_cache
 
 from .errors import InvalidStrategy
-from .placement import Mode, data_collectives, placement_of, validate
+from .placement import data_collectives, placement_of, validate
 from .specs.cluster import ClusterSpec, NodeGroup
 from .specs.model import ModelSpec
 from .strategy import Strategy, check_structure
 from .cost import compute as C
-from .cost.comm import Link, collective_time, group_link, p2p_link
+from .cost.activations import BYTES_16BIT, expert_tokens_per_rank
+from .cost.comm import collective_time, group_link, p2p_link
 from .cost.memory import BYTES_PER_PARAM, StageMemory, stage_memory, stage_params
 from .cost.pipeline import pipeline_time
 
@@ -166,7 +166,6 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, s: Strategy) -> Estimate:
     h = model.hidden_size
     memory, times, ledger = [], [], []
     for i, groups in enumerate(stage_groups):
-        gpu_slow = groups[0].gpu
         # the slowest GPU spanned sets the pace; the smallest memory sets the capacity
         mems = [stage_memory(model, s, placement, i, g.gpu, "+".join(x.name for x in groups)) for g in groups]
         memory.append(min(mems, key=lambda x: x.capacity))
@@ -191,13 +190,13 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, s: Strategy) -> Estimate:
             if best is None or f + bwd > best[0] + best[1]:
                 best = (f, bwd, w, core, g)
         f, bwd, w, core, gslow = best
-        gpu_slow = gslow.gpu
+        gpu_slow = gslow.gpu   # the GPU that sets this stage's pace
         n_layers = end - start
         exposed = {}
         # --- TP: per layer, fwd and bwd; recompute=full repeats the forward collectives
         if s.tp > 1:
             link = group_link(groups, s.tp, 1, cluster)
-            msg = 2.0 * M * h
+            msg = BYTES_16BIT * M * h
             fwd_mult = 2.0 if s.recompute == "full" else 1.0
             if s.sp:
                 per_layer = [("all-gather", 2), ("reduce-scatter", 2)]
@@ -224,20 +223,18 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, s: Strategy) -> Estimate:
             link = group_link(groups, s.cp, s.tp, cluster)
             g_loc = max(model.num_query_groups / s.tp, 1.0)
             d = model.kv_channels
-            kv = 2 * 2.0 * M * g_loc * d
+            kv = 2 * BYTES_16BIT * M * g_loc * d   # K and V blocks
             t_step = collective_time("send-recv", kv, 2, link)
             comm_f = (s.cp - 1) * t_step * n_layers
             comm_b = 2 * comm_f
-            core_f = core
-            cp_exp = max(0.0, comm_f - core_f) + max(0.0, comm_b - C.FLASH_BACKWARD_FACTOR * core_f)
+            cp_exp = max(0.0, comm_f - core) + max(0.0, comm_b - C.FLASH_BACKWARD_FACTOR * core)
             exposed["cp"] = cp_exp
             ledger.append(CommEntry("cp", "send-recv", kv, s.cp, 3 * (s.cp - 1) * n_layers * m,
                                     (comm_f + comm_b) * m, cp_exp * m, link.bound_by, i))
         # --- EP: dispatch + combine all-to-all per MoE layer, fwd and bwd
         if model.is_moe and s.ep > 1 and n_moe:
-            from .cost.activations import expert_tokens_per_rank
             link = group_link(groups, s.ep, s.expert_tp, cluster)
-            msg = 2.0 * expert_tokens_per_rank(model, s) * h / s.expert_tp
+            msg = BYTES_16BIT * expert_tokens_per_rank(model, s) * h / s.expert_tp
             t1 = collective_time("all-to-all", msg, s.ep, link)
             n_coll = 2 * (2 + (1 if s.recompute == "full" else 0)) * n_moe
             exposed["ep"] = t1 * n_coll
@@ -245,17 +242,16 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, s: Strategy) -> Estimate:
                                     t1 * n_coll * m, link.bound_by, i))
         # --- PP: activations forward, gradients backward, per boundary and virtual chunk
         if s.pp > 1:
-            msg = 2.0 * M * h / (s.tp if s.sp else 1)
+            msg = BYTES_16BIT * M * h / (s.tp if s.sp else 1)
             t_pp = 0.0
             for nb in ([i - 1] if i > 0 else []) + ([i + 1] if i < s.pp - 1 else []):
-                other = stage_groups[nb][0]
-                same = False
-                link = p2p_link(gslow, other, same, cluster)
-                t_pp = max(t_pp, collective_time("send-recv", msg, 2, link))
+                # stages are on different nodes (stage blocks are laid on whole nodes)
+                link = p2p_link(gslow, stage_groups[nb][0], False, cluster)
+                t1 = collective_time("send-recv", msg, 2, link)
+                t_pp = max(t_pp, t1)
                 if nb == i + 1:
-                    ledger.append(CommEntry("pp", "send-recv", msg, 2, 2 * s.vpp * m,
-                                            2 * s.vpp * m * collective_time("send-recv", msg, 2, link),
-                                            2 * s.vpp * m * collective_time("send-recv", msg, 2, link),
+                    n_p2p = 2 * s.vpp * m   # activations forward + gradients backward, per chunk
+                    ledger.append(CommEntry("pp", "send-recv", msg, 2, n_p2p, n_p2p * t1, n_p2p * t1,
                                             link.bound_by, i))
             exposed["pp"] = 2 * s.vpp * t_pp
         # --- DP (and expert DP) from the placement
@@ -346,13 +342,13 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, s: Strategy) -> Estimate:
     elif s.recompute == "selective":
         # selective recompute repeats the core-attention forward: 4 B s^2 a d per layer
         attn = 4.0 * s.global_batch_size * s.seq_length ** 2 * model.num_attention_heads \
-            * C._attn_dims(model)[0] * model.num_layers
+            * C.attention_head_dims(model)[0] * model.num_layers
         hf = mf + attn
     else:
         hf = mf
     peak_total = 0.0
     for groups in stage_groups:
-        gp = min(g.gpu.peak(C._gemm_dtype(s, g.gpu)) for g in groups)
+        gp = min(g.gpu.peak(C.gemm_dtype(s, g.gpu)) for g in groups)
         peak_total += gp * s.gpus_per_stage
     # MFU is quoted against the bf16/fp16 dense peak even for fp8 runs (the common convention)
     if s.precision == "fp8":

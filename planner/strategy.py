@@ -3,7 +3,7 @@ and where the pipeline stages live. Megatron-LM names where one exists."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 from .errors import InvalidStrategy
 from .specs.model import ModelSpec

@@ -41,7 +41,6 @@ def test_korthikanti_table2_rows(t):
 
 def test_zero_paper_model_states():
     # ZeRO (Rajbhandari et al. 2019), Fig. 1: Psi = 7.5B, N_d = 64, K = 12, deepspeed convention
-    m = gpt(h=4096, a=32, L=36, V=51200)
     psi = 7.5e9
     expected = {0: 120e9, 1: 31.4e9, 2: 16.6e9, 3: 1.875e9}
     for z, exp in expected.items():

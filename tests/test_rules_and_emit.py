@@ -5,7 +5,7 @@ import sys
 import pytest
 import yaml
 
-from planner.emit.megatron import checked_args, layout_string, megatron_args
+from planner.emit.megatron import checked_args, layout_string
 from planner.emit.megatron_parse import parse_text, parse_words, tokenize
 from planner.emit.megatron_rules import megatron_violations
 from planner.errors import SpecError

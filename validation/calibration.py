@@ -26,7 +26,7 @@ sys.path.insert(0, str(ROOT))
 
 from planner.estimate import estimate  # noqa: E402
 from planner.library import load_bundled_profile  # noqa: E402
-from planner.search.planner import SearchOptions, search  # noqa: E402
+from planner.search.planner import SearchOptions  # noqa: E402
 from planner.specs.cluster import ClusterSpec, NodeGroup  # noqa: E402
 from planner.specs.model import model_from_dict  # noqa: E402
 from planner.strategy import Strategy  # noqa: E402

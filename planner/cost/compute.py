@@ -60,7 +60,7 @@ def stream_time(gpu: GPUProfile, bytes_moved: float, kernels: int = 1) -> float:
     return bytes_moved / (gpu.memory_bandwidth_bytes_per_s * e.memory_bandwidth) + kernels * e.kernel_overhead_s
 
 
-def _gemm_dtype(s: Strategy, gpu: GPUProfile) -> str:
+def gemm_dtype(s: Strategy, gpu: GPUProfile) -> str:
     if s.precision == "fp8" and gpu.supports("fp8"):
         return "fp8"
     if s.precision == "fp16" or not gpu.supports("bf16"):
@@ -68,21 +68,21 @@ def _gemm_dtype(s: Strategy, gpu: GPUProfile) -> str:
     return "bf16"
 
 
-def _attn_dims(model: ModelSpec):
+def attention_head_dims(model: ModelSpec):
     if model.multi_latent_attention:
         return model.qk_head_dim + model.qk_pos_emb_head_dim, model.v_head_dim
     return model.kv_channels, model.kv_channels
 
 
 def layer_time(model: ModelSpec, s: Strategy, gpu: GPUProfile, moe: bool) -> LayerTime:
-    dt = _gemm_dtype(s, gpu)
+    dt = gemm_dtype(s, gpu)
     t = s.tp
     b = s.micro_batch_size
     s_q = s.seq_length / s.cp
     M = s_q * b                          # tokens through TP-sharded GEMMs on this rank
     M_sp = M / t if s.sp else M          # tokens through norms/dropout (SP splits them)
     h, a = model.hidden_size, model.num_attention_heads
-    dqk, dv = _attn_dims(model)
+    dqk, dv = attention_head_dims(model)
     a_loc = a / t
     fwd = 0.0
     flops = 0.0
@@ -115,9 +115,8 @@ def layer_time(model: ModelSpec, s: Strategy, gpu: GPUProfile, moe: bool) -> Lay
         core_bwd = core * FLASH_BACKWARD_FACTOR
     else:
         # two batched GEMMs + fused scale-mask-softmax (+ dropout) over the s x s scores
-        per_head = s_q * s.seq_length
         core = (attn_flops / (gpu.peak(dt) * gpu.efficiency.matmul) + 2 * gpu.efficiency.kernel_overhead_s)
-        score_elems = per_head * b * a_loc
+        score_elems = s_q * s.seq_length * b * a_loc
         bytes_sm = BYTES_16BIT * 2 * score_elems + (5 * score_elems if model.attention_dropout > 0 else 0)
         core += stream_time(gpu, bytes_sm, kernels=2)
         core_bwd = 2 * core
@@ -171,7 +170,7 @@ def layer_time(model: ModelSpec, s: Strategy, gpu: GPUProfile, moe: bool) -> Lay
 
 def output_layer_time(model: ModelSpec, s: Strategy, gpu: GPUProfile) -> tuple[float, float]:
     """(forward, backward) seconds of final norm + output projection + cross entropy."""
-    dt = _gemm_dtype(s, gpu)
+    dt = gemm_dtype(s, gpu)
     M = s.seq_length / s.cp * s.micro_batch_size
     v_loc = model.padded_vocab_size(s.tp) / s.tp
     h = model.hidden_size
@@ -197,8 +196,8 @@ def model_flops_per_step(model: ModelSpec, s: Strategy) -> float:
     full (non-causal) s^2 attention term and no recomputation, as in Korthikanti et al. 2022
     (72 B s l h^2 (1 + s/6h + V/12lh) for GPT-3-style models) and Megatron-LM's own count."""
     B, S = s.global_batch_size, s.seq_length
-    h, a = model.hidden_size, model.num_attention_heads
-    dqk, dv = _attn_dims(model)
+    a = model.num_attention_heads
+    dqk, dv = attention_head_dims(model)
     total = 0.0
     for i in range(model.num_layers):
         mm = model.attention_params

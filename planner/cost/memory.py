@@ -13,7 +13,7 @@ transient per layer, so the convention is unchanged.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from ..placement import Mode, Placement
 from ..specs.hardware import GPUProfile
@@ -112,26 +112,23 @@ class StageMemory:
         return self.total <= self.capacity
 
 
-def _full_recompute_layers(s: Strategy, n_layers: int) -> int:
-    if s.recompute != "full":
-        return 0
-    if s.recompute_num_layers is None:
-        return n_layers
-    return min(n_layers, s.recompute_num_layers * s.vpp)
-
-
 def stage_activation_bytes(model: ModelSpec, s: Strategy, stage: int) -> tuple[float, float]:
     """(kept activations, transient working set) in bytes for pipeline rank `stage`."""
     start, end = s.stage_layer_ranges(model)[stage]
-    n = end - start
-    n_full = _full_recompute_layers(s, n)
-    # Megatron's 'block' method recomputes the first k layers of each chunk; others keep all.
+    layer_idx = list(range(start, end))
+    # Fully recomputed layers: all of them, or with Megatron's 'block' method the first k layers
+    # of each virtual chunk; the others keep everything (or all but core attention).
+    if s.recompute != "full":
+        full_set = set()
+    elif s.recompute_num_layers is None:
+        full_set = set(layer_idx)
+    else:
+        per_chunk = len(layer_idx) // s.vpp
+        full_set = {layer_idx[c * per_chunk + j] for c in range(s.vpp)
+                    for j in range(min(s.recompute_num_layers, per_chunk))}
     other = "selective" if s.recompute == "selective" else "none"
     per_mb = 0.0
     worst_layer = 0.0
-    layer_idx = list(range(start, end))
-    full_set = set(layer_idx[:n_full]) if s.recompute_num_layers is None else \
-        {layer_idx[c * (n // s.vpp) + j] for c in range(s.vpp) for j in range(min(s.recompute_num_layers, n // s.vpp))}
     for i in layer_idx:
         moe = model.is_moe_layer(i)
         mode = "full" if i in full_set else other

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 
-from ..errors import InvalidStrategy, PlannerError, SpecError
+from ..errors import InvalidStrategy, SpecError
 from ..strategy import Strategy
 
 GIB = 2**30

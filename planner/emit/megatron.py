@@ -7,12 +7,9 @@ megatron_rules before it is written.
 
 from __future__ import annotations
 
-import os
 import shlex
-import tempfile
-from pathlib import Path
 
-from ..errors import InvalidStrategy, PlannerError
+from ..errors import InvalidStrategy
 from ..specs.model import ModelSpec
 from ..strategy import Strategy
 from .megatron_parse import parse_words
@@ -204,17 +201,3 @@ torchrun --nnodes "$NNODES" --nproc-per-node "$GPUS_PER_NODE" --node-rank "$NODE
 
 def _flag_starts(args: list[str]) -> list[int]:
     return [i for i, x in enumerate(args) if x.startswith("--")]
-
-
-def write_atomic(path: Path, text: str, mode: int = 0o644) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise

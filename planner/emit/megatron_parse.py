@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import re
 import shlex
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import SpecError
@@ -87,7 +87,6 @@ STRATEGY_FLAGS = {
     "--data-parallel-sharding-strategy": ("str", "dp_sharding"),
     "--world-size": ("int", "world_size"),
 }
-LAUNCHERS = ("torchrun", "python", "python3", "python -m torch.distributed.run", "deepspeed")
 
 
 @dataclass(frozen=True)
@@ -114,13 +113,9 @@ def _expand(text: str, source: str, env: dict) -> str:
 
 def tokenize(text: str, source: str, env: dict | None = None) -> list[str]:
     env = dict(os.environ) if env is None else env
-    text = text.replace("\\\r\n", " ").replace("\\\n", " ")
-    lines = []
-    for line in text.splitlines():
-        lines.append(line)
-    text = "\n".join(lines)
+    text = text.replace("\\\r\n", " ").replace("\\\n", " ")   # backslash continuations
     try:
-        lex = shlex.shlex(text, posix=True, punctuation_chars=False)
+        lex = shlex.shlex(text, posix=True)
         lex.whitespace_split = True
         lex.commenters = "#"
         words = list(lex)
@@ -249,7 +244,7 @@ def _build(raw: dict, ignored: tuple[str, ...], world: int | None, source: str, 
     for flag, (kind, dest) in MODEL_FLAGS.items():
         if dest in raw:
             mdict[dest] = raw[dest]
-    if "--num-query-groups" in MODEL_FLAGS and not raw.get("group_query_attention"):
+    if not raw.get("group_query_attention"):
         mdict.pop("num_query_groups", None)   # Megatron ignores it without --group-query-attention
     if mdict.get("moe_layer_freq") is not None:
         f = mdict["moe_layer_freq"]

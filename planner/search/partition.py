@@ -188,5 +188,4 @@ def partition_ilp(prob: PartitionProblem, multiple: int = 1, time_limit_s: float
         split.append(int(round(sum(pulp.value(x[i][k]) for k in range(L)))))
     times_v, _ = prob.stage_costs(tuple(split))
     obj = prob.objective(times_v)
-    bound = getattr(lp, "bestBound", None)
     return PartitionResult(tuple(split), obj, f"ilp-{solver}", "optimal" if st == "Optimal" else "time-limit")

@@ -6,7 +6,6 @@ ILP), and return the top K plans that fit."""
 from __future__ import annotations
 
 import itertools
-import math
 import time
 from dataclasses import dataclass, field, replace
 
@@ -180,7 +179,6 @@ def partition_problem(model: ModelSpec, cluster: ClusterSpec, s: Strategy, e: Es
         mem = e.memory[i]
         a, b = ranges[i]
         n_moe = sum(model.is_moe_layer(k) for k in range(a, b))
-        n_dense = (b - a) - n_moe
         exp = dict(st.exposed_by_axis)
         per_layer_comm = (exp.get("tp", 0.0) + exp.get("cp", 0.0)) / max(b - a, 1)
         ep_per_moe = exp.get("ep", 0.0) / max(n_moe, 1)
@@ -190,7 +188,6 @@ def partition_problem(model: ModelSpec, cluster: ClusterSpec, s: Strategy, e: Es
             moe = model.is_moe_layer(k)
             t = _layer_time(model, tk, gpu, moe)
             lt[i, k] = t.total + per_layer_comm + dp_mb + (ep_per_moe if moe else 0.0)
-            params = model.layer_params(k)
             if moe:
                 dense_p = model.attention_params + model.shared_expert_params
                 norm_p = model.layer_norm_params + model.router_params
@@ -287,11 +284,10 @@ def search(model: ModelSpec, cluster: ClusterSpec, o: SearchOptions, progress=No
                                 continue
                             # cheap memory check on the first and last stage
                             placement = placement_of(s)
-                            gnames = groups
                             fits = True
                             worst = 0.0
                             for i in sorted({0, pp - 1}):
-                                gpu = cluster.group(gnames[i]).gpu
+                                gpu = cluster.group(groups[i]).gpu
                                 mem = stage_memory(model, s, placement, i, gpu)
                                 worst = max(worst, mem.total - mem.capacity)
                                 if not mem.fits:

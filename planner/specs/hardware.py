@@ -6,13 +6,13 @@ knobs of the cost model live in the profile (documented there), never in code.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ..errors import SpecError
 from ..units import UnitError, parse_bandwidth, parse_size, parse_time
-from ..yamlio import check_fields, get_float, get_int, get_str, load_file
+from ..yamlio import check_fields, get_float, get_str, load_file
 
 DTYPES = ("fp32", "tf32", "fp16", "bf16", "fp8")
 

@@ -8,7 +8,7 @@ file leaves out (biases, learned position embeddings), so that published counts 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 from typing import Any
