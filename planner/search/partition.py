@@ -124,10 +124,14 @@ def partition_dp(prob: PartitionProblem, multiple: int = 1, max_bounds: int = 64
             lo = mid + 1
     best_obj, best_split = float("inf"), None
     a = (prob.m - 1.0 / prob.v)
+    proven = False
     for count, k in enumerate(range(lo, len(bounds))):
         B = bounds[k]
-        if a * B >= best_obj or count >= max_bounds and best_split is not None:
+        if a * B >= best_obj:
+            proven = True   # no larger bound can win: the optimum is exact
             break
+        if count >= max_bounds and best_split is not None:
+            break           # work cap reached before the proof
         s, split = _dp_min_sum(P_t, P_m, prob, B, multiple)
         if split is None:
             continue
@@ -135,8 +139,15 @@ def partition_dp(prob: PartitionProblem, multiple: int = 1, max_bounds: int = 64
         obj = prob.objective(times)
         if obj < best_obj - 1e-15:
             best_obj, best_split = obj, split
-    status = "optimal" if (best_split is not None) else "infeasible"
-    return PartitionResult(best_split, best_obj, "dp", status)
+    else:
+        proven = True       # every candidate bound was tried
+    if best_split is None:
+        return PartitionResult(None, float("inf"), "dp", "infeasible")
+    if proven:
+        return PartitionResult(best_split, best_obj, "dp", "optimal")
+    # lower bound on what an untried bound could reach: a*B plus nothing for the sum term
+    gap = max(0.0, (best_obj - a * bounds[k]) / best_obj)
+    return PartitionResult(best_split, best_obj, "dp", "bound-limit", gap)
 
 
 def partition_ilp(prob: PartitionProblem, multiple: int = 1, time_limit_s: float = 20.0,

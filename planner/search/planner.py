@@ -21,9 +21,21 @@ from ..cost.memory import BYTES_PER_PARAM, in_flight_microbatches, stage_memory
 from ..placement import placement_of
 from .partition import PartitionProblem, partition_dp, partition_ilp
 
+# The space searched. These bound it; the top plan is the optimum of this space under the cost
+# model, not of every conceivable configuration.
 MAX_PP = 128
+MAX_CP = 32
 MICRO_BATCHES = (1, 2, 4, 8)
 VPP_CHOICES = (1, 2, 3, 4, 5, 6, 8)
+# Context parallelism is only tried at long sequences: below CP_MIN_SEQ_LENGTH tokens no CP; below
+# CP_FULL_RANGE_SEQ_LENGTH at most CP_SHORT_MAX. Under 8k tokens attention is a small share of a
+# layer's FLOPs (s/6h in Narayanan's count) while CP adds a K/V ring exchange per layer.
+CP_MIN_SEQ_LENGTH = 8192
+CP_FULL_RANGE_SEQ_LENGTH = 16384
+CP_SHORT_MAX = 2
+# Plans use more than this fraction of the cluster's GPUs (a plan on fewer GPUs leaves the rest
+# idle; heterogeneous clusters can still leave whole node groups idle through stage placement).
+MIN_GPU_FRACTION = 0.5
 REFINE_TOP = 12          # candidates whose stage split is re-optimised exactly
 MAX_CANDIDATES = 200_000  # refuse a space larger than this (bounded time)
 
@@ -100,9 +112,11 @@ def enumerate_space(model: ModelSpec, cluster: ClusterSpec, o: SearchOptions):
     a, g = model.num_attention_heads, model.num_query_groups
     tps = [t for t in _pow2_upto(max_gpn if not o.allow_tp_across_nodes else 64)
            if a % t == 0 and (g % t == 0 or t % g == 0)]
-    cps = [c for c in _pow2_upto(32) if o.seq_length % (2 * c) == 0 or c == 1]
-    if o.seq_length < 16384:
-        cps = [c for c in cps if c <= 2] if o.seq_length >= 8192 else [1]
+    cps = [c for c in _pow2_upto(MAX_CP) if o.seq_length % (2 * c) == 0 or c == 1]
+    if o.seq_length < CP_MIN_SEQ_LENGTH:
+        cps = [1]
+    elif o.seq_length < CP_FULL_RANGE_SEQ_LENGTH:
+        cps = [c for c in cps if c <= CP_SHORT_MAX]
     eps = [1]
     if model.is_moe:
         eps = [e for e in _pow2_upto(min(model.num_experts, 256)) if model.num_experts % e == 0]
@@ -116,7 +130,7 @@ def enumerate_space(model: ModelSpec, cluster: ClusterSpec, o: SearchOptions):
                 base = tp * cp * pp
                 if base > N:
                     break
-                dps = [d for d in _divisors(o.global_batch_size) if base * d <= N and base * d * 2 > N]
+                dps = [d for d in _divisors(o.global_batch_size) if base * d <= N and base * d > MIN_GPU_FRACTION * N]
                 if "dp" in fixed:
                     dps = [fixed["dp"]]
                 for dp in dps:
@@ -229,6 +243,9 @@ def refine_partition(model, cluster, s: Strategy, e: Estimate, solver: str, warn
     if res is None:
         res = partition_dp(prob, multiple=s.vpp)
         used = "dp"
+        if res.status == "bound-limit":
+            warnings.append(f"stage-partition DP stopped at its work cap; its split is within "
+                            f"{res.gap * 100:.2f}% of optimal")
     if res.layers is None:
         return None, used
     return replace(s, layers_per_stage=res.layers), used
