@@ -300,8 +300,11 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, s: Strategy) -> Estimate:
             tied = collective_time("all-reduce", msg, 2, link)
             ledger.append(CommEntry("embedding", "all-reduce", msg, 2, 1, tied, tied, link.bound_by, i))
         # optimizer step over this rank's shard
-        opt_params = sum(per_rank[g] * placement.shard_factor("optimizer", g) / placement.shard_factor("parameters", g)
-                         if placement.shard_factor("parameters", g) > 0 else 0 for g in per_rank)
+        # parameters in this rank's optimizer shard: the stage's parameters x the optimizer's
+        # shard factor (model axes and data axes alike)
+        opt_params = (sp_counts.dense * placement.shard_factor("optimizer", "dense")
+                      + sp_counts.norms * placement.shard_factor("optimizer", "norms")
+                      + sp_counts.experts * placement.shard_factor("optimizer", "experts"))
         if s.offload_optimizer:
             n_data = s.dp * s.cp
             local = sum(per_rank.values()) / n_data

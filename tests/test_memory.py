@@ -127,3 +127,14 @@ def test_memory_properties():
     extra_tied_copy = 0
     padding = (m.padded_vocab_size(4) - m.vocab_size) * m.hidden_size * 2
     assert tot - padding - extra_tied_copy == m.parameters
+
+
+def test_optimizer_step_covers_only_the_local_shard():
+    # ZeRO-1 and ZeRO-3 both shard the optimizer over the data axis: same Adam time per rank
+    from planner.estimate import estimate
+    from planner.library import load_cluster_ref
+    m, c = load_model_ref("llama3-8b"), load_cluster_ref("dgx-h100-x8")
+    t = {z: estimate(m, c, Strategy(tp=2, dp=32, zero_stage=z, seq_length=4096, global_batch_size=256))
+         .stage_times[0].optimizer_s for z in (0, 1, 3)}
+    assert t[1] == pytest.approx(t[3], rel=1e-9)
+    assert t[0] > 10 * t[1]
