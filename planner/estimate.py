@@ -153,6 +153,28 @@ def _time_key(s: Strategy) -> Strategy:
                     precision=s.precision, fused_attention=s.fused_attention)
 
 
+def tp_layer_collectives(model: ModelSpec, s: Strategy, groups: list[NodeGroup], cluster: ClusterSpec):
+    """TP collectives of one layer and one micro-batch (Korthikanti et al. 2022, sec. 4.2.2):
+    with SP 2 all-gathers + 2 reduce-scatters forward and the same backward, else 2 all-reduces
+    each way; full recompute repeats the forward ones. Returns ([(kind, count, seconds each)],
+    message bytes (the full [s/cp, b, h] bf16 tensor), link)."""
+    link = group_link(groups, s.tp, 1, cluster)
+    msg = BYTES_16BIT * s.seq_length / s.cp * s.micro_batch_size * model.hidden_size
+    passes = 2.0 + (1.0 if s.recompute == "full" else 0.0)   # fwd, bwd, re-run fwd
+    kinds = [("all-gather", 2), ("reduce-scatter", 2)] if s.sp else [("all-reduce", 2)]
+    return [(kind, cnt * passes, collective_time(kind, msg, s.tp, link)) for kind, cnt in kinds], msg, link
+
+
+def ep_layer_collective(model: ModelSpec, s: Strategy, groups: list[NodeGroup], cluster: ClusterSpec):
+    """EP all-to-alls of one MoE layer and one micro-batch: dispatch + combine, forward and
+    backward (and the re-run forward under full recompute). Returns (count, seconds each,
+    bytes each rank sends, link)."""
+    link = group_link(groups, s.ep, s.expert_tp, cluster)
+    msg = BYTES_16BIT * expert_tokens_per_rank(model, s) * model.hidden_size / s.expert_tp
+    count = 2 * (2 + (1 if s.recompute == "full" else 0))
+    return count, collective_time("all-to-all", msg, s.ep, link), msg, link
+
+
 def estimate(model: ModelSpec, cluster: ClusterSpec, s: Strategy) -> Estimate:
     check_structure(s, model)
     stage_groups = assign_stage_groups(cluster, s)
@@ -170,7 +192,7 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, s: Strategy) -> Estimate:
         mems = [stage_memory(model, s, placement, i, g.gpu, "+".join(x.name for x in groups)) for g in groups]
         memory.append(min(mems, key=lambda x: x.capacity))
         start, end = ranges[i]
-        n_moe = sum(1 for k in range(start, end) if model.is_moe_layer(k))
+        n_moe = model.num_moe_layers_in(start, end)
         n_dense = (end - start) - n_moe
         best = None
         for g in groups:
@@ -195,20 +217,9 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, s: Strategy) -> Estimate:
         exposed = {}
         # --- TP: per layer, fwd and bwd; recompute=full repeats the forward collectives
         if s.tp > 1:
-            link = group_link(groups, s.tp, 1, cluster)
-            msg = BYTES_16BIT * M * h
-            fwd_mult = 2.0 if s.recompute == "full" else 1.0
-            if s.sp:
-                per_layer = [("all-gather", 2), ("reduce-scatter", 2)]
-            else:
-                per_layer = [("all-reduce", 2)]
-            entries = []
-            raw = 0.0
-            for kind, cnt in per_layer:
-                t1 = collective_time(kind, msg, s.tp, link)
-                n_coll = cnt * (1 + fwd_mult) * n_layers
-                raw += t1 * n_coll
-                entries.append((kind, n_coll, t1))
+            per_layer, msg, link = tp_layer_collectives(model, s, groups, cluster)
+            entries = [(kind, cnt * n_layers, t1) for kind, cnt, t1 in per_layer]
+            raw = sum(n_coll * t1 for _, n_coll, t1 in entries)
             tot = raw
             if s.tp_comm_overlap:
                 # TE userbuffers overlap the SP collectives with the neighbouring GEMMs
@@ -233,10 +244,8 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, s: Strategy) -> Estimate:
                                     (comm_f + comm_b) * m, cp_exp * m, link.bound_by, i))
         # --- EP: dispatch + combine all-to-all per MoE layer, fwd and bwd
         if model.is_moe and s.ep > 1 and n_moe:
-            link = group_link(groups, s.ep, s.expert_tp, cluster)
-            msg = BYTES_16BIT * expert_tokens_per_rank(model, s) * h / s.expert_tp
-            t1 = collective_time("all-to-all", msg, s.ep, link)
-            n_coll = 2 * (2 + (1 if s.recompute == "full" else 0)) * n_moe
+            cnt, t1, msg, link = ep_layer_collective(model, s, groups, cluster)
+            n_coll = cnt * n_moe
             exposed["ep"] = t1 * n_coll
             ledger.append(CommEntry("ep", "all-to-all", msg, s.ep, n_coll * m, t1 * n_coll * m,
                                     t1 * n_coll * m, link.bound_by, i))

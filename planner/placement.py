@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
+from functools import cached_property, lru_cache
 
 from .errors import InvalidStrategy
 from .strategy import Strategy
@@ -45,20 +46,34 @@ class Placement:
     sizes: tuple[tuple[str, int], ...]
     hsdp_shard_size: int | None = None   # HSDP: shard over this many ranks, replicate beyond
 
+    @cached_property
+    def _mode_map(self) -> dict:
+        return {key: dict(axes) for key, axes in self.modes}
+
+    @cached_property
+    def _size_map(self) -> dict:
+        return dict(self.sizes)
+
     def mode(self, state: str, group: str, axis: str) -> Mode:
-        for key, axes in self.modes:
-            if key == (state, group):
-                for a, m in axes:
-                    if a == axis:
-                        return m
-        return Mode.REPLICATED
+        return self._mode_map.get((state, group), {}).get(axis, Mode.REPLICATED)
 
     def size(self, axis: str) -> int:
-        return dict(self.sizes).get(axis, 1)
+        return self._size_map.get(axis, 1)
 
     def shard_factor(self, state: str, group: str) -> float:
         """Fraction of a stage's bytes of a state that one rank holds in GPU memory at rest.
         (The pp axis splits by layer assignment, not by a factor: a stage owns its layers.)"""
+        key = (state, group)
+        f = self._factors.get(key)
+        if f is None:
+            f = self._factors[key] = self._compute_shard_factor(state, group)
+        return f
+
+    @cached_property
+    def _factors(self) -> dict:
+        return {}
+
+    def _compute_shard_factor(self, state: str, group: str) -> float:
         f = 1.0
         for axis in AXES:
             if axis == "pp":
@@ -85,14 +100,20 @@ class Placement:
 def placement_of(s: Strategy) -> Placement:
     """The placement table of a strategy. Model axes (tp, pp, ep, etp) shard weights; data axes
     (dp, cp, edp) replicate or shard them according to the ZeRO stage."""
+    return _placement(s.zero_stage, s.offload_optimizer, s.sp, s.recompute,
+                      (("dp", s.dp), ("cp", s.cp), ("tp", s.tp), ("pp", s.pp), ("ep", s.ep),
+                       ("etp", s.expert_tp), ("edp", s.expert_dp)))
+
+
+@lru_cache(maxsize=4096)   # the search builds the same few tables many times
+def _placement(z: int, offload_optimizer: bool, sp: bool, recompute: str, sizes: tuple) -> Placement:
     R, S, G, M, O = Mode.REPLICATED, Mode.SHARDED, Mode.SHARDED_GATHER, Mode.MATERIALIZED, Mode.OFFLOADED
-    z = s.zero_stage
     # Megatron's DDP and distributed optimizer use the data-parallel group *with* context
     # parallel ranks (parallel_state: get_data_parallel_group(with_context_parallel=True)); the
     # data axis of dense weights is therefore dp x cp, represented as both axes sharded.
     data_param = G if z >= 3 else R
     data_grad = S if z >= 2 else R
-    data_opt = O if s.offload_optimizer else (S if z >= 1 else R)
+    data_opt = O if offload_optimizer else (S if z >= 1 else R)
     modes = {}
     for group in GROUPS:
         model_axes = {"pp": S}
@@ -109,14 +130,12 @@ def placement_of(s: Strategy) -> Placement:
     # Activations: split by samples (dp), sequence (cp), layers (pp). Along tp they are split
     # with SP, else partly replicated (Korthikanti et al. 2022: the 10 sbh term). Recomputed
     # activations are 'materialized' (rebuilt in backward).
-    act = {"dp": S, "cp": S, "pp": S, "tp": S if s.sp else R, "ep": S}
-    if s.recompute == "full":
+    act = {"dp": S, "cp": S, "pp": S, "tp": S if sp else R, "ep": S}
+    if recompute == "full":
         act["layer"] = M
-    elif s.recompute == "selective":
+    elif recompute == "selective":
         act["core_attention"] = M
     modes[("activations", "all")] = tuple(act.items())
-    sizes = (("dp", s.dp), ("cp", s.cp), ("tp", s.tp), ("pp", s.pp), ("ep", s.ep),
-             ("etp", s.expert_tp), ("edp", s.expert_dp))
     return Placement(modes=tuple(modes.items()), sizes=sizes)
 
 

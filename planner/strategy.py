@@ -3,7 +3,8 @@ and where the pipeline stages live. Megatron-LM names where one exists."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
+from functools import lru_cache
 
 from .errors import InvalidStrategy
 from .specs.model import ModelSpec
@@ -46,6 +47,14 @@ class Strategy:
         if isinstance(self.vpp, int) and self.vpp > 1 and self.schedule == "1f1b":
             object.__setattr__(self, "schedule", "interleaved")
 
+    def __hash__(self) -> int:
+        # the search hashes strategies as cache keys many times: hash the fields once
+        h = self.__dict__.get("_hash")
+        if h is None:
+            h = hash(tuple(getattr(self, f.name) for f in fields(self)))
+            object.__setattr__(self, "_hash", h)
+        return h
+
     # ---- derived ---------------------------------------------------------------------
     @property
     def world_size(self) -> int:
@@ -79,16 +88,21 @@ class Strategy:
         base, extra = divmod(model.num_layers, self.pp)
         return tuple(base + (1 if i < extra else 0) for i in range(self.pp))
 
-    def stage_layer_ranges(self, model: ModelSpec) -> list[tuple[int, int]]:
+    def stage_layer_ranges(self, model: ModelSpec) -> tuple[tuple[int, int], ...]:
         """[start, end) layer indices per pipeline rank (all its virtual chunks together)."""
-        out, start = [], 0
-        for n in self.stage_layers(model):
-            out.append((start, start + n))
-            start += n
-        return out
+        return _ranges(self.stage_layers(model))
 
     def with_(self, **kw) -> "Strategy":
         return replace(self, **kw)
+
+
+@lru_cache(maxsize=65536)
+def _ranges(layers: tuple[int, ...]) -> tuple[tuple[int, int], ...]:
+    out, start = [], 0
+    for n in layers:
+        out.append((start, start + n))
+        start += n
+    return tuple(out)
 
 
 def check_structure(s: Strategy, model: ModelSpec) -> None:

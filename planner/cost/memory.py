@@ -49,16 +49,12 @@ class StageParams:
 def stage_params(model: ModelSpec, s: Strategy, stage: int) -> StageParams:
     """Parameter counts of pipeline rank `stage` (all of its virtual chunks), unsharded."""
     start, end = s.stage_layer_ranges(model)[stage]
-    dense = norms = experts = 0.0
-    for i in range(start, end):
-        dense += model.attention_params
-        norms += model.layer_norm_params
-        if model.is_moe_layer(i):
-            dense += model.shared_expert_params
-            norms += model.router_params
-            experts += model.num_experts * model.expert_params
-        else:
-            dense += model.dense_mlp_params
+    n_moe = model.num_moe_layers_in(start, end)
+    n_dense = end - start - n_moe
+    dense = (end - start) * model.attention_params + n_moe * model.shared_expert_params \
+        + n_dense * model.dense_mlp_params
+    norms = (end - start) * model.layer_norm_params + n_moe * model.router_params
+    experts = n_moe * model.num_experts * model.expert_params if n_moe else 0.0
     emb = model.embedding_params(s.tp)   # padded vocabulary x h, split over TP (vocab-parallel)
     if stage == 0:
         dense += emb
@@ -115,24 +111,30 @@ class StageMemory:
 def stage_activation_bytes(model: ModelSpec, s: Strategy, stage: int) -> tuple[float, float]:
     """(kept activations, transient working set) in bytes for pipeline rank `stage`."""
     start, end = s.stage_layer_ranges(model)[stage]
-    layer_idx = list(range(start, end))
     # Fully recomputed layers: all of them, or with Megatron's 'block' method the first k layers
     # of each virtual chunk; the others keep everything (or all but core attention).
     if s.recompute != "full":
         full_set = set()
     elif s.recompute_num_layers is None:
-        full_set = set(layer_idx)
+        full_set = range(start, end)
     else:
-        per_chunk = len(layer_idx) // s.vpp
-        full_set = {layer_idx[c * per_chunk + j] for c in range(s.vpp)
+        per_chunk = (end - start) // s.vpp
+        full_set = {start + c * per_chunk + j for c in range(s.vpp)
                     for j in range(min(s.recompute_num_layers, per_chunk))}
     other = "selective" if s.recompute == "selective" else "none"
+    # count layers by (MoE?, mode): layers of one kind are identical
+    n_moe = model.num_moe_layers_in(start, end)
+    n_moe_full = (n_moe if isinstance(full_set, range)
+                  else sum(1 for i in full_set if model.is_moe_layer(i)))
+    counts = {(False, "full"): len(full_set) - n_moe_full, (True, "full"): n_moe_full,
+              (False, other): (end - start - n_moe) - (len(full_set) - n_moe_full),
+              (True, other): n_moe - n_moe_full}
     per_mb = 0.0
     worst_layer = 0.0
-    for i in layer_idx:
-        moe = model.is_moe_layer(i)
-        mode = "full" if i in full_set else other
-        per_mb += act.layer_bytes(model, s, moe, mode)
+    for (moe, mode), n in counts.items():
+        if n <= 0:
+            continue
+        per_mb += n * act.layer_bytes(model, s, moe, mode)
         if mode == "full":
             worst_layer = max(worst_layer, act.layer_bytes(model, s, moe, "none"))
     if stage == 0:

@@ -67,27 +67,38 @@ class PartitionResult:
     gap: float = 0.0
 
 
+# Relative tolerance for comparing stage times with a bound (cumulative sums of equal layers
+# differ in the last bits).
+_REL_TOL = 1e-12
+
+
+def _stage_matrices(P_t, P_m, prob: PartitionProblem, i: int, multiple: int):
+    """t[j, k], mem[j, k]: time and memory of stage i holding layers [j, k); valid[j, k] where
+    k > j and the count is a multiple of `multiple`."""
+    t = P_t[i][None, :] - P_t[i][:, None] + prob.extra_time[i]
+    mem = P_m[i][None, :] - P_m[i][:, None] + prob.extra_mem[i]
+    n = np.arange(prob.L + 1)
+    cnt = n[None, :] - n[:, None]
+    valid = (cnt > 0) & (cnt % multiple == 0) & (mem <= prob.capacity[i])
+    return t, valid
+
+
 def _dp_min_sum(P_t, P_m, prob: PartitionProblem, bound: float, multiple: int):
-    """Least sum of stage times with every stage <= bound and in memory; returns (sum, split)."""
+    """Least sum of stage times with every stage <= bound and in memory; returns (sum, split).
+    One vectorised pass per stage over all (start, end) pairs: O(p L^2) numbers."""
     p, L = prob.p, prob.L
     INF = np.inf
     best = np.full(L + 1, INF)
     best[0] = 0.0
     choice = np.zeros((p, L + 1), dtype=np.int64)
-    idx = np.arange(L + 1)
+    cols = np.arange(L + 1)
     for i in range(p):
-        new = np.full(L + 1, INF)
-        for k in range(1, L + 1):
-            j = idx[:k]
-            n = k - j
-            t = P_t[i, k] - P_t[i, j] + prob.extra_time[i]
-            mem = P_m[i, k] - P_m[i, j] + prob.extra_mem[i]
-            ok = (t <= bound + 1e-15) & (mem <= prob.capacity[i]) & (n % multiple == 0)
-            cand = np.where(ok, best[j] + t, INF)
-            a = int(np.argmin(cand))
-            new[k] = cand[a]
-            choice[i, k] = a
-        best = new
+        t, valid = _stage_matrices(P_t, P_m, prob, i, multiple)
+        ok = valid & (t <= bound * (1 + _REL_TOL))
+        cand = np.where(ok, best[:, None] + t, INF)
+        a = np.argmin(cand, axis=0)
+        best = cand[a, cols]
+        choice[i] = a
     if not np.isfinite(best[L]):
         return INF, None
     split, k = [], L
@@ -98,18 +109,28 @@ def _dp_min_sum(P_t, P_m, prob: PartitionProblem, bound: float, multiple: int):
     return float(best[L]), tuple(reversed(split))
 
 
+def _candidate_bounds(P_t, P_m, prob: PartitionProblem, multiple: int) -> np.ndarray:
+    """Every stage time a feasible stage can have, sorted, near-equal values merged (the larger
+    kept, so that a bound admits all of its cluster)."""
+    vals = []
+    for i in range(prob.p):
+        t, valid = _stage_matrices(P_t, P_m, prob, i, multiple)
+        vals.append(np.unique(t[valid]))
+    v = np.unique(np.concatenate(vals)) if vals else np.zeros(0)
+    if len(v) > 1:
+        keep = np.append(v[1:] - v[:-1] > _REL_TOL * np.abs(v[1:]), True)
+        v = v[keep]
+    return v
+
+
 def partition_dp(prob: PartitionProblem, multiple: int = 1, max_bounds: int = 64) -> PartitionResult:
     """Exact DP (see module doc). `multiple`: each stage's layer count must be a multiple of it
     (virtual stages need layers divisible by v)."""
     P_t = np.concatenate([np.zeros((prob.p, 1)), np.cumsum(prob.layer_time, axis=1)], axis=1)
     P_m = np.concatenate([np.zeros((prob.p, 1)), np.cumsum(prob.layer_mem, axis=1)], axis=1)
-    # candidate bounds: every achievable stage time, sorted
-    cands = set()
-    for i in range(prob.p):
-        for a in range(prob.L):
-            for b in range(a + 1, prob.L + 1):
-                cands.add(P_t[i, b] - P_t[i, a] + prob.extra_time[i])
-    bounds = np.array(sorted(cands))
+    bounds = _candidate_bounds(P_t, P_m, prob, multiple)
+    if len(bounds) == 0:
+        return PartitionResult(None, float("inf"), "dp", "infeasible")
     # min-max by binary search over the bounds (feasibility is monotone in the bound)
     lo, hi = 0, len(bounds) - 1
     s_hi, _ = _dp_min_sum(P_t, P_m, prob, bounds[hi], multiple)

@@ -90,6 +90,18 @@ class ModelSpec:
     def is_moe_layer(self, i: int) -> bool:
         return bool(self.moe_layer_pattern) and bool(self.moe_layer_pattern[i])
 
+    @cached_property
+    def _moe_prefix(self) -> tuple[int, ...]:
+        out, n = [0], 0
+        for i in range(self.num_layers):
+            n += 1 if self.is_moe_layer(i) else 0
+            out.append(n)
+        return tuple(out)
+
+    def num_moe_layers_in(self, start: int, end: int) -> int:
+        """MoE layers among layer indices [start, end), in O(1) (the search asks this often)."""
+        return self._moe_prefix[end] - self._moe_prefix[start]
+
     # ---- parameters per layer, split by how they are placed -------------------------------
     @cached_property
     def attention_params(self) -> int:
