@@ -51,7 +51,7 @@ class Strategy:
         # the search hashes strategies as cache keys many times: hash the fields once
         h = self.__dict__.get("_hash")
         if h is None:
-            h = hash(tuple(getattr(self, f.name) for f in fields(self)))
+            h = hash(tuple([getattr(self, f) for f in _FIELD_NAMES]))
             object.__setattr__(self, "_hash", h)
         return h
 
@@ -94,6 +94,9 @@ class Strategy:
 
     def with_(self, **kw) -> "Strategy":
         return replace(self, **kw)
+
+
+_FIELD_NAMES = tuple(f.name for f in fields(Strategy))
 
 
 @lru_cache(maxsize=65536)

@@ -49,6 +49,12 @@ class StageParams:
 def stage_params(model: ModelSpec, s: Strategy, stage: int) -> StageParams:
     """Parameter counts of pipeline rank `stage` (all of its virtual chunks), unsharded."""
     start, end = s.stage_layer_ranges(model)[stage]
+    return layer_range_params(model, s, start, end, stage == 0, stage == s.pp - 1)
+
+
+def layer_range_params(model: ModelSpec, s: Strategy, start: int, end: int, first: bool, last: bool) -> StageParams:
+    """Parameters of layers [start, end), plus the embedding if `first` and the final norm and
+    output layer if `last`. With first = last = True over all layers: the sum over all stages."""
     n_moe = model.num_moe_layers_in(start, end)
     n_dense = end - start - n_moe
     dense = (end - start) * model.attention_params + n_moe * model.shared_expert_params \
@@ -56,10 +62,10 @@ def stage_params(model: ModelSpec, s: Strategy, stage: int) -> StageParams:
     norms = (end - start) * model.layer_norm_params + n_moe * model.router_params
     experts = n_moe * model.num_experts * model.expert_params if n_moe else 0.0
     emb = model.embedding_params(s.tp)   # padded vocabulary x h, split over TP (vocab-parallel)
-    if stage == 0:
+    if first:
         dense += emb
         norms += model.position_embedding_params   # learned positions are replicated over TP
-    if stage == s.pp - 1:
+    if last:
         norms += model.norm_params
         if model.untie_embeddings_and_output_weights or s.pp > 1:
             dense += emb   # untied output layer, or the tied copy Megatron keeps on the last stage
@@ -144,6 +150,25 @@ def stage_activation_bytes(model: ModelSpec, s: Strategy, stage: int) -> tuple[f
     if stage == s.pp - 1:
         transient += act.output_layer_bytes(model, s)
     return kept, transient
+
+
+def layer_memory_bytes(model: ModelSpec, s: Strategy, placement: Placement, stage: int, moe: bool) -> float:
+    """Bytes one more decoder layer adds to pipeline rank `stage`: its parameters, gradients
+    and optimizer state after sharding, plus its kept activations for the rank's in-flight
+    micro-batches (every layer recomputed alike, i.e. no recompute_num_layers). The rest of
+    the stage's memory does not depend on its layer count (ZeRO-2 bucket aside)."""
+    bpp = BYTES_PER_PARAM[s.optimizer_convention]
+    if moe:
+        groups = {"dense": model.attention_params + model.shared_expert_params,
+                  "norms": model.layer_norm_params + model.router_params,
+                  "experts": model.num_experts * model.expert_params}
+    else:
+        groups = {"dense": model.attention_params + model.dense_mlp_params,
+                  "norms": model.layer_norm_params, "experts": 0}
+    states = sum(n * placement.shard_factor(state, g) * bpp[state]
+                 for state in ("parameters", "gradients", "optimizer") for g, n in groups.items())
+    mode = s.recompute if s.recompute in ("full", "selective") else "none"
+    return states + act.layer_bytes(model, s, moe, mode) * in_flight_microbatches(s, stage)
 
 
 def stage_memory(model: ModelSpec, s: Strategy, placement: Placement, stage: int, gpu: GPUProfile,

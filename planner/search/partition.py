@@ -83,7 +83,28 @@ def _stage_matrices(P_t, P_m, prob: PartitionProblem, i: int, multiple: int):
     return t, valid
 
 
-def _dp_min_sum(P_t, P_m, prob: PartitionProblem, bound: float, multiple: int):
+# Keep the per-stage (start, end) matrices across the DP's passes while they take less than
+# this many entries in all (~9 bytes each); beyond it they are rebuilt per pass.
+_MATRIX_CACHE_ENTRIES = 8_000_000
+
+
+class _Matrices:
+    """The per-stage matrices of one problem, built once per pass or kept between passes."""
+
+    def __init__(self, P_t, P_m, prob: PartitionProblem, multiple: int):
+        self.args = (P_t, P_m, prob, multiple)
+        self.keep = prob.p * (prob.L + 1) ** 2 <= _MATRIX_CACHE_ENTRIES
+        self.cache: dict = {}
+
+    def __call__(self, i: int):
+        if not self.keep:
+            return _stage_matrices(*self.args[:3], i, self.args[3])
+        if i not in self.cache:
+            self.cache[i] = _stage_matrices(*self.args[:3], i, self.args[3])
+        return self.cache[i]
+
+
+def _dp_min_sum(mats: _Matrices, prob: PartitionProblem, bound: float):
     """Least sum of stage times with every stage <= bound and in memory; returns (sum, split).
     One vectorised pass per stage over all (start, end) pairs: O(p L^2) numbers."""
     p, L = prob.p, prob.L
@@ -93,7 +114,7 @@ def _dp_min_sum(P_t, P_m, prob: PartitionProblem, bound: float, multiple: int):
     choice = np.zeros((p, L + 1), dtype=np.int64)
     cols = np.arange(L + 1)
     for i in range(p):
-        t, valid = _stage_matrices(P_t, P_m, prob, i, multiple)
+        t, valid = mats(i)
         ok = valid & (t <= bound * (1 + _REL_TOL))
         cand = np.where(ok, best[:, None] + t, INF)
         a = np.argmin(cand, axis=0)
@@ -109,12 +130,12 @@ def _dp_min_sum(P_t, P_m, prob: PartitionProblem, bound: float, multiple: int):
     return float(best[L]), tuple(reversed(split))
 
 
-def _candidate_bounds(P_t, P_m, prob: PartitionProblem, multiple: int) -> np.ndarray:
+def _candidate_bounds(mats: _Matrices, prob: PartitionProblem) -> np.ndarray:
     """Every stage time a feasible stage can have, sorted, near-equal values merged (the larger
     kept, so that a bound admits all of its cluster)."""
     vals = []
     for i in range(prob.p):
-        t, valid = _stage_matrices(P_t, P_m, prob, i, multiple)
+        t, valid = mats(i)
         vals.append(np.unique(t[valid]))
     v = np.unique(np.concatenate(vals)) if vals else np.zeros(0)
     if len(v) > 1:
@@ -128,17 +149,18 @@ def partition_dp(prob: PartitionProblem, multiple: int = 1, max_bounds: int = 64
     (virtual stages need layers divisible by v)."""
     P_t = np.concatenate([np.zeros((prob.p, 1)), np.cumsum(prob.layer_time, axis=1)], axis=1)
     P_m = np.concatenate([np.zeros((prob.p, 1)), np.cumsum(prob.layer_mem, axis=1)], axis=1)
-    bounds = _candidate_bounds(P_t, P_m, prob, multiple)
+    mats = _Matrices(P_t, P_m, prob, multiple)
+    bounds = _candidate_bounds(mats, prob)
     if len(bounds) == 0:
         return PartitionResult(None, float("inf"), "dp", "infeasible")
     # min-max by binary search over the bounds (feasibility is monotone in the bound)
     lo, hi = 0, len(bounds) - 1
-    s_hi, _ = _dp_min_sum(P_t, P_m, prob, bounds[hi], multiple)
+    s_hi, _ = _dp_min_sum(mats, prob, bounds[hi])
     if not np.isfinite(s_hi):
         return PartitionResult(None, float("inf"), "dp", "infeasible")
     while lo < hi:
         mid = (lo + hi) // 2
-        s, _ = _dp_min_sum(P_t, P_m, prob, bounds[mid], multiple)
+        s, _ = _dp_min_sum(mats, prob, bounds[mid])
         if np.isfinite(s):
             hi = mid
         else:
@@ -153,7 +175,7 @@ def partition_dp(prob: PartitionProblem, multiple: int = 1, max_bounds: int = 64
             break
         if count >= max_bounds and best_split is not None:
             break           # work cap reached before the proof
-        s, split = _dp_min_sum(P_t, P_m, prob, B, multiple)
+        s, split = _dp_min_sum(mats, prob, B)
         if split is None:
             continue
         times, _ = prob.stage_costs(split)

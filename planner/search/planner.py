@@ -5,6 +5,7 @@ ILP), and return the top K plans that fit."""
 
 from __future__ import annotations
 
+import heapq
 import itertools
 import time
 from dataclasses import dataclass, field, replace
@@ -12,13 +13,15 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from ..errors import InvalidStrategy, PlannerError
-from ..estimate import Estimate, _layer_time, _time_key, estimate
+from ..estimate import Estimate, _layer_time, _time_key, ep_layer_collective, estimate, tp_layer_collectives
 from ..specs.cluster import ClusterSpec
 from ..specs.model import ModelSpec
 from ..strategy import Strategy, check_structure
-from ..cost import activations as act
-from ..cost.memory import BYTES_PER_PARAM, in_flight_microbatches, stage_memory
-from ..placement import placement_of
+from ..cost import compute as C
+from ..cost.activations import BYTES_16BIT
+from ..cost.comm import collective_time, group_link, p2p_link
+from ..cost.memory import BYTES_PER_PARAM, layer_memory_bytes, layer_range_params, stage_memory
+from ..placement import data_collectives, placement_of
 from .partition import PartitionProblem, partition_dp, partition_ilp
 
 # The space searched. These bound it; the top plan is the optimum of this space under the cost
@@ -33,10 +36,10 @@ VPP_CHOICES = (1, 2, 3, 4, 5, 6, 8)
 CP_MIN_SEQ_LENGTH = 8192
 CP_FULL_RANGE_SEQ_LENGTH = 16384
 CP_SHORT_MAX = 2
-# Plans use more than this fraction of the cluster's GPUs (a plan on fewer GPUs leaves the rest
-# idle; heterogeneous clusters can still leave whole node groups idle through stage placement).
+# Plans use more than this fraction of the GPUs of the node groups they run on (a plan on fewer
+# leaves the rest idle). On a heterogeneous cluster whole node groups may stay idle: a plan on
+# the fast GPUs alone is in the space, so the search says when the slow ones cannot help.
 MIN_GPU_FRACTION = 0.5
-REFINE_TOP = 12          # candidates whose stage split is re-optimised exactly
 MAX_CANDIDATES = 200_000  # refuse a space larger than this (bounded time)
 
 
@@ -83,32 +86,48 @@ def _pow2_upto(n: int) -> list[int]:
     return out
 
 
-def stage_layouts(cluster: ClusterSpec, per_stage: int, pp: int):
-    """Ways to put pp stages of `per_stage` GPUs on node groups: contiguous blocks of stages per
-    group, in every order of the groups used (first stages hold the most activations)."""
+def stage_layouts(cluster: ClusterSpec, per_stage: int, pp: int) -> dict[tuple[int, ...], list[tuple[str, ...]]]:
+    """Ways to put pp stages of `per_stage` GPUs on node groups, keyed by how many stages each
+    group hosts. Stages of one group are contiguous, groups come in every order (the first
+    stages hold the most activations). Each group used hosts as many stages as it can hold,
+    except at most one partly used group (leaving GPUs of two groups idle at once is never
+    needed to use the fast ones fully, and it keeps the space small on many-group clusters),
+    and the stages use more than MIN_GPU_FRACTION of the used groups' GPUs."""
     groups = cluster.node_groups
     caps = []
     for g in groups:
         ok = per_stage % g.gpus_per_node == 0 or g.gpus_per_node % per_stage == 0
-        caps.append(g.num_gpus // per_stage if ok else 0)
-    out = set()
-    ranges = [range(0, min(c, pp) + 1) for c in caps]
-    for counts in itertools.product(*ranges):
-        if sum(counts) != pp:
+        caps.append(min(g.num_gpus // per_stage, pp) if ok else 0)
+    counts_set = set()
+    n = len(groups)
+    for used in itertools.product((0, 1), repeat=n):
+        idx = [i for i in range(n) if used[i] and caps[i] > 0]
+        if len(idx) != sum(used):
             continue
+        for partial in idx:
+            counts = [caps[i] if i in idx else 0 for i in range(n)]
+            counts[partial] = pp - sum(caps[i] for i in idx if i != partial)
+            used_gpus = sum(groups[i].num_gpus for i in idx)
+            if 1 <= counts[partial] <= caps[partial] and pp * per_stage > MIN_GPU_FRACTION * used_gpus:
+                counts_set.add(tuple(counts))
+    out = {}
+    for counts in sorted(counts_set):
         used = [i for i, c in enumerate(counts) if c]
+        seqs = set()
         for order in itertools.permutations(used):
             seq = []
             for i in order:
                 seq += [groups[i].name] * counts[i]
-            out.add(tuple(seq))
-    return sorted(out)
+            seqs.add(tuple(seq))
+        out[counts] = sorted(seqs)
+    return out
 
 
 def enumerate_space(model: ModelSpec, cluster: ClusterSpec, o: SearchOptions):
     fixed = dict(o.fixed)
     max_gpn = max(g.gpus_per_node for g in cluster.node_groups)
     N = cluster.num_gpus
+    n_min = min(g.num_gpus for g in cluster.node_groups)   # a plan may run on one node group
     a, g = model.num_attention_heads, model.num_query_groups
     tps = [t for t in _pow2_upto(max_gpn if not o.allow_tp_across_nodes else 64)
            if a % t == 0 and (g % t == 0 or t % g == 0)]
@@ -130,7 +149,7 @@ def enumerate_space(model: ModelSpec, cluster: ClusterSpec, o: SearchOptions):
                 base = tp * cp * pp
                 if base > N:
                     break
-                dps = [d for d in _divisors(o.global_batch_size) if base * d <= N and base * d > MIN_GPU_FRACTION * N]
+                dps = [d for d in _divisors(o.global_batch_size) if base * d <= N and base * d > MIN_GPU_FRACTION * n_min]
                 if "dp" in fixed:
                     dps = [fixed["dp"]]
                 for dp in dps:
@@ -176,56 +195,37 @@ def _proportional_split(model: ModelSpec, s: Strategy, cluster: ClusterSpec, gro
 def partition_problem(model: ModelSpec, cluster: ClusterSpec, s: Strategy, e: Estimate) -> PartitionProblem:
     """Per-layer stage costs consistent with `estimate`: compute + exposed TP/CP/EP per layer on
     each stage's GPU; memory per layer with that stage's in-flight micro-batches; the rest of
-    each stage (embedding, output layer, PP traffic) as fixed extras."""
+    each stage (embedding, output layer, PP traffic) as fixed extras. Layers of one kind (dense
+    or MoE) cost the same, so each row is filled from two values."""
     p, L = s.pp, model.num_layers
     tk = _time_key(s)
     placement = placement_of(s)
-    bpp = BYTES_PER_PARAM[s.optimizer_convention]
+    moe_mask = np.array([model.is_moe_layer(k) for k in range(L)], dtype=bool)
     lt = np.zeros((p, L))
     lm = np.zeros((p, L))
     et = np.zeros(p)
     em = np.zeros(p)
     cap = np.zeros(p)
-    ranges = s.stage_layer_ranges(model)
-    for i in range(p):
+    for i, (a, b) in enumerate(s.stage_layer_ranges(model)):
         gpu = cluster.group(e.stage_groups[i].split("+")[0]).gpu
-        st = e.stage_times[i]
-        mem = e.memory[i]
-        a, b = ranges[i]
-        n_moe = sum(model.is_moe_layer(k) for k in range(a, b))
+        st, mem = e.stage_times[i], e.memory[i]
+        n_moe = model.num_moe_layers_in(a, b)
         exp = dict(st.exposed_by_axis)
-        per_layer_comm = (exp.get("tp", 0.0) + exp.get("cp", 0.0)) / max(b - a, 1)
+        per_layer_comm = (exp.get("tp", 0.0) + exp.get("cp", 0.0) + exp.get("dp", 0.0)) / max(b - a, 1)
         ep_per_moe = exp.get("ep", 0.0) / max(n_moe, 1)
-        dp_mb = exp.get("dp", 0.0) / max(b - a, 1)
-        infl = in_flight_microbatches(s, i)
-        for k in range(L):
-            moe = model.is_moe_layer(k)
-            t = _layer_time(model, tk, gpu, moe)
-            lt[i, k] = t.total + per_layer_comm + dp_mb + (ep_per_moe if moe else 0.0)
-            if moe:
-                dense_p = model.attention_params + model.shared_expert_params
-                norm_p = model.layer_norm_params + model.router_params
-                exp_p = model.num_experts * model.expert_params
-            else:
-                dense_p = model.attention_params + model.dense_mlp_params
-                norm_p = model.layer_norm_params
-                exp_p = 0
-            states = 0.0
-            for state in ("parameters", "gradients", "optimizer"):
-                states += (dense_p * placement.shard_factor(state, "dense")
-                           + norm_p * placement.shard_factor(state, "norms")
-                           + exp_p * placement.shard_factor(state, "experts")) * bpp[state]
-            mode = "full" if s.recompute == "full" else ("selective" if s.recompute == "selective" else "none")
-            lm[i, k] = states + act.layer_bytes(model, s, moe, mode) * infl
-        used_t = sum(lt[i, k] for k in range(a, b))
-        used_m = sum(lm[i, k] for k in range(a, b))
-        et[i] = st.per_microbatch_s - used_t
-        em[i] = mem.total - used_m
+        lt[i] = _layer_time(model, tk, gpu, False).total + per_layer_comm
+        lm[i] = layer_memory_bytes(model, s, placement, i, False)
+        if model.is_moe:
+            lt[i, moe_mask] = _layer_time(model, tk, gpu, True).total + per_layer_comm + ep_per_moe
+            lm[i, moe_mask] = layer_memory_bytes(model, s, placement, i, True)
+        et[i] = st.per_microbatch_s - lt[i, a:b].sum()
+        em[i] = mem.total - lm[i, a:b].sum()
         cap[i] = mem.capacity
     return PartitionProblem(lt, lm, et, em, cap, s.num_microbatches, s.vpp)
 
 
 def refine_partition(model, cluster, s: Strategy, e: Estimate, solver: str, warnings: list):
+    """The best contiguous layer split for this strategy's stages, in memory (DP or ILP)."""
     if s.pp == 1 or (s.recompute_num_layers is not None):
         return None, "none"
     prob = partition_problem(model, cluster, s, e)
@@ -236,161 +236,378 @@ def refine_partition(model, cluster, s: Strategy, e: Estimate, solver: str, warn
             res = partition_ilp(prob, multiple=s.vpp, solver="highs" if solver == "ilp-highs" else "cbc")
             used = res.solver
             if res.status == "time-limit":
-                warnings.append("ILP hit its time limit; its partition may not be optimal")
+                _warn(warnings, "ILP hit its time limit; its partition may not be optimal")
         except Exception as exc:  # a missing or crashing solver falls back to the DP
-            warnings.append(f"ILP solver failed ({type(exc).__name__}: {exc}); fell back to dynamic programming")
+            _warn(warnings, f"ILP solver failed ({type(exc).__name__}: {exc}); fell back to dynamic programming")
             res = None
     if res is None:
         res = partition_dp(prob, multiple=s.vpp)
         used = "dp"
         if res.status == "bound-limit":
-            warnings.append(f"stage-partition DP stopped at its work cap; its split is within "
+            _warn(warnings, f"stage-partition DP stopped at its work cap; its split is within "
                             f"{res.gap * 100:.2f}% of optimal")
     if res.layers is None:
         return None, used
     return replace(s, layers_per_stage=res.layers), used
 
 
+def _warn(warnings: list, msg: str) -> None:
+    if msg not in warnings:
+        warnings.append(msg)
+
+
+# ---- lower bounds --------------------------------------------------------------------------
+# A bound is seconds that no plan of a candidate can beat, whatever its layer split: the search
+# prices candidates in increasing bound order and stops when the next bound is no better than
+# the K-th best plan found, so the top K are exact under the cost model.
+
+class _Bounds:
+    """Per-layer and per-stage costs shared by many candidates (cached by time key and group)."""
+
+    def __init__(self, model: ModelSpec, cluster: ClusterSpec):
+        self.model, self.cluster = model, cluster
+        self._layer: dict = {}
+        self._extra: dict = {}
+        self._pp: dict = {}
+        self._after: dict = {}
+
+    def layer_costs(self, s: Strategy, tk: Strategy, group_name: str) -> tuple[float, float]:
+        """(dense, MoE) seconds per layer and micro-batch on this group: compute + TP (+ EP);
+        exactly what `estimate` charges per layer for these terms (CP and DP only add).
+        `tk` is s's time key (`_time_key(s)`), passed in because building it is not free."""
+        key = (tk, group_name)
+        v = self._layer.get(key)
+        if v is None:
+            model, g = self.model, self.cluster.group(group_name)
+            tp = 0.0
+            if s.tp > 1 and not s.tp_comm_overlap:
+                per_layer, _, _ = tp_layer_collectives(model, s, [g], self.cluster)
+                tp = sum(cnt * t1 for _, cnt, t1 in per_layer)
+            dense = _layer_time(model, tk, g.gpu, False).total + tp
+            moe = dense
+            if model.is_moe:
+                moe = _layer_time(model, tk, g.gpu, True).total + tp
+                if s.ep > 1:
+                    cnt, t1, _, _ = ep_layer_collective(model, s, [g], self.cluster)
+                    moe += cnt * t1
+            v = self._layer[key] = (dense, moe)
+        return v
+
+    def _kinds(self):
+        """Layer kinds present: (index into layer_costs, how many layers)."""
+        return [(k, n) for k, n in ((0, self.model.num_dense_layers), (1, self.model.num_moe_layers)) if n]
+
+    def work(self, s: Strategy, tk: Strategy, names) -> tuple[dict, float]:
+        """Layers in work units (seconds on names[0]'s GPUs, summed over the model's layers),
+        each group's seconds per unit r_g (a layer of kind k costs >= r_g w_k there), and the
+        least sum of all layer times over any placement (each layer on its cheapest group)."""
+        kinds = self._kinds()
+        ref = self.layer_costs(s, tk, names[0])
+        units = sum(n * ref[k] for k, n in kinds)
+        costs = {g: self.layer_costs(s, tk, g) for g in names}
+        rate = {g: min(costs[g][k] / ref[k] for k, _ in kinds) for g in names}
+        least = sum(n * min(costs[g][k] for g in names) for k, n in kinds)
+        floor = {g: min(costs[g][k] for k, _ in kinds) for g in names}
+        return {"units": units, "rate": rate, "floor": floor}, least
+
+    def ends(self, s: Strategy, tk: Strategy, group_name: str) -> tuple[float, float]:
+        """(embedding, output layer) forward + backward seconds per micro-batch on this group."""
+        key = (tk, group_name)
+        v = self._extra.get(key)
+        if v is None:
+            gpu = self.cluster.group(group_name).gpu
+            v = self._extra[key] = (sum(C.embedding_time(self.model, s, gpu)),
+                                    sum(C.output_layer_time(self.model, s, gpu)))
+        return v
+
+    def pp_hop(self, s: Strategy, a: str, b: str) -> float:
+        """One activation send between stages on groups a and b, as `estimate` prices it."""
+        key = (s.seq_length, s.cp, s.micro_batch_size, s.tp if s.sp else 1, a, b)
+        v = self._pp.get(key)
+        if v is None:
+            msg = BYTES_16BIT * s.seq_length / s.cp * s.micro_batch_size * self.model.hidden_size \
+                / (s.tp if s.sp else 1)
+            link = p2p_link(self.cluster.group(a), self.cluster.group(b), False, self.cluster)
+            v = self._pp[key] = collective_time("send-recv", msg, 2, link)
+        return v
+
+    def cell(self, s: Strategy, tk: Strategy, groups: tuple[str, ...]) -> float:
+        """Bound for every vpp, ZeRO stage and stage order of a multiset of stage groups:
+        m x the least possible slowest-stage time (PP traffic at vpp = 1)."""
+        names = sorted(set(groups))
+        hop = 2 * min(self.pp_hop(s, x, y) for x in names for y in names) if s.pp > 1 else 0.0
+        w, _ = self.work(s, tk, names)
+        stages = [(w["rate"][g], w["floor"][g], hop) for g in groups]
+        return s.num_microbatches * _relaxed_minmax(stages, w["units"], 1)
+
+    def candidate(self, s: Strategy, tk: Strategy, groups: tuple[str, ...]) -> float:
+        """Bound for one concrete candidate (its vpp, ZeRO stage and stage order):
+        (m - 1/v) T + W / v + the optimizer step, with T the least slowest-stage time and W the
+        least sum of stage times over all layer splits (pipeline.py: T_pipe = (m - 1/v) max t_i
+        + sum t_i / v; after the pipeline every stage runs its optimizer step, and the slowest
+        takes at least the mean shard on the fastest GPU; DP sync only adds)."""
+        p, v, m = s.pp, s.vpp, s.num_microbatches
+        names = sorted(set(groups))
+        w, least = self.work(s, tk, names)
+        hops = {}
+        for a, b in zip(groups, groups[1:]):
+            if (a, b) not in hops:
+                hops[(a, b)] = hops[(b, a)] = 2 * v * self.pp_hop(s, a, b)
+        stages = []
+        W = least
+        for i, g in enumerate(groups):
+            e = 0.0
+            if i == 0:
+                e += self.ends(s, tk, g)[0]
+            if i == p - 1:
+                e += self.ends(s, tk, g)[1]
+            if p > 1:
+                e += max(hops[(g, groups[i - 1])] if i > 0 else 0.0,
+                         hops[(g, groups[i + 1])] if i < p - 1 else 0.0)
+            stages.append((w["rate"][g], w["floor"][g], e))
+            W += e
+        T = _relaxed_minmax(stages, w["units"], v)
+        pipe = m * T if p == 1 else (m - 1.0 / v) * T + W / v
+        return pipe + self.after_step(s, names)
+
+    def after_step(self, s: Strategy, names) -> float:
+        """Least seconds after the pipeline drains (estimate's after-step term, max over
+        stages): the optimizer step of the slowest stage takes at least the mean shard on the
+        fastest GPU (Adam is memory-bound, affine in its bytes), and every stage exposes at
+        least its last layer's per-step DP collectives (estimate: t_dp / n_layers, and t_dp is
+        affine in the bytes, so t_dp / n >= the bandwidth term of one layer's share)."""
+        key = (s.tp, s.pp, s.dp, s.cp, s.ep, s.etp, s.zero_stage, s.offload_optimizer, tuple(names))
+        v = self._after.get(key)
+        if v is None:
+            model = self.model
+            placement = placement_of(s)
+            sp = layer_range_params(model, s, 0, model.num_layers, True, True)  # all stages
+            params = (sp.dense * placement.shard_factor("optimizer", "dense")
+                      + sp.norms * placement.shard_factor("optimizer", "norms")
+                      + sp.experts * placement.shard_factor("optimizer", "experts"))
+            opt = 0.0
+            if not s.offload_optimizer:
+                opt = min(C.optimizer_time(params / s.pp, self.cluster.group(g).gpu) for g in names)
+            # one layer's parameters per rank by group, the lighter layer kind present
+            kinds = [moe for moe, n in ((False, model.num_dense_layers), (True, model.num_moe_layers)) if n]
+            per_layer = {"dense": [], "norms": [], "experts": []}
+            for moe in kinds:
+                k = (model.moe_layer_pattern.index(1) if moe else
+                     next(i for i in range(model.num_layers) if not model.is_moe_layer(i)))
+                lp = layer_range_params(model, s, k, k + 1, False, False)
+                per_layer["dense"].append(lp.dense / s.tp)
+                per_layer["norms"].append(lp.norms)
+                per_layer["experts"].append(lp.experts / (s.ep * s.expert_tp))
+            bpp = BYTES_PER_PARAM[s.optimizer_convention]
+            dp = {}
+            for g in names:
+                grp = [self.cluster.group(g)]
+                t = 0.0
+                for dc in data_collectives(placement):
+                    if dc.when != "per-step":
+                        continue
+                    if dc.group == "experts":
+                        n, stride = s.expert_dp, s.expert_tp * s.ep
+                    else:
+                        n, stride = s.dp * s.cp, s.tp
+                    msg = min(per_layer[dc.group]) * (bpp["gradients"] if dc.tensor == "gradients" else bpp["parameters"])
+                    if n <= 1 or msg <= 0:
+                        continue
+                    link = group_link(grp, n, stride, self.cluster)
+                    t += collective_time(dc.kind, 2 * msg, n, link) - collective_time(dc.kind, msg, n, link)
+                dp[g] = t
+            # every group hosts a stage; the stage with the largest optimizer shard pays at
+            # least the smallest DP term
+            v = self._after[key] = max(max(dp.values()), opt + min(dp.values()))
+        return v
+
+
+def _relaxed_minmax(stages: list[tuple[float, float, float]], units: float, n_min: int) -> float:
+    """Least T such that the layers fit under it with at least n_min per stage, over real
+    (fractional) layer splits. Stage i = (r_i seconds per work unit, f_i least seconds of one
+    layer, e_i fixed seconds): it takes >= r_i u_i + e_i for u_i work units and >= n_min f_i +
+    e_i as it holds n_min layers. So T >= max_i(n_min f_i + e_i), and since the units sum to
+    the model's, sum_i (T - e_i)/r_i >= units: T >= (units + sum e_i/r_i) / sum 1/r_i."""
+    floor = max(n_min * f + e for _, f, e in stages)
+    T = (units + sum(e / r for r, _, e in stages)) / sum(1.0 / r for r, _, _ in stages)
+    return max(floor, T)
+
+
+# ---- the search ------------------------------------------------------------------------------
+
+def _initial_split(model: ModelSpec, cluster: ClusterSpec, s: Strategy, groups: tuple[str, ...]):
+    """(valid, split): a starting split before the exact partition. Across node groups, layers
+    in proportion to GPU speed; else even, in multiples of the virtual stages (split None: the
+    default even split). valid is False when no split gives every stage a multiple of vpp."""
+    L, p, v = model.num_layers, s.pp, s.vpp
+    if L < p * v or L % v:
+        return False, None
+    if cluster.is_heterogeneous and len(set(groups)) > 1:
+        return True, _proportional_split(model, s, cluster, groups)
+    if L % p == 0 and (L // p) % v == 0:
+        return True, None
+    # uneven: the extra chunks go to the last stages, which hold fewer in-flight activations
+    base, extra = divmod(L // v, p)
+    return True, tuple(v * (base + (1 if i >= p - extra else 0)) for i in range(p))
+
+
 def search(model: ModelSpec, cluster: ClusterSpec, o: SearchOptions, progress=None) -> SearchResult:
     t0 = time.perf_counter()
     fixed = dict(o.fixed)
     res = SearchResult(plans=[], solver=o.solver)
-    cands = []  # (lower bound, strategy)
-    closest = None
-    n = 0
+    bounds = _Bounds(model, cluster)
     mbs_opts = [fixed["mbs"]] if "mbs" in fixed else list(MICRO_BATCHES)
     rec_opts = [fixed["recompute"]] if "recompute" in fixed else list(o.recompute)
     zero_opts = [fixed["zero"]] if "zero" in fixed else list(o.zero_stages)
     vpp_opts = [fixed["vpp"]] if "vpp" in fixed else list(VPP_CHOICES)
+    heap: list = []   # (bound, tie, kind, payload): kind 0 = a cell to expand, 1 = a candidate
+    tie = itertools.count()
+    # 1. cells: degrees x micro-batch x recompute x how many stages each node group hosts
     for tp, cp, pp, dp, ep, etp in enumerate_space(model, cluster, o):
-        per = tp * cp * dp
-        layouts = stage_layouts(cluster, per, pp)
+        layouts = stage_layouts(cluster, tp * cp * dp, pp)
         if not layouts:
             continue
         for mbs in mbs_opts:
             if o.global_batch_size % (mbs * dp):
                 continue
             m = o.global_batch_size // (mbs * dp)
-            for vpp in vpp_opts:
-                if vpp > 1 and (pp < 2 or m % pp or "interleaved" not in o.schedules
-                                or (model.num_layers // pp) % vpp):
-                    continue
-                sched = "interleaved" if vpp > 1 else "1f1b"
-                for rec in rec_opts:
-                    for z in zero_opts:
-                        for groups in layouts:
-                            n += 1
-                            if n > MAX_CANDIDATES:
-                                raise PlannerError(f"search space exceeds {MAX_CANDIDATES} candidates; "
-                                                   "fix some degrees with --fix (e.g. --fix tp=8)")
-                            s = Strategy(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, etp=etp, vpp=vpp,
-                                         micro_batch_size=mbs, global_batch_size=o.global_batch_size,
-                                         seq_length=o.seq_length, recompute=rec, sequence_parallel=tp > 1,
-                                         zero_stage=z, precision=o.precision, schedule=sched,
-                                         stage_node_groups=groups if cluster.is_heterogeneous else None,
-                                         overlap_grad_reduce=True, overlap_param_gather=z >= 1)
-                            if cluster.is_heterogeneous and len(set(groups)) > 1:
-                                s = replace(s, layers_per_stage=_proportional_split(model, s, cluster, groups))
-                            elif model.num_layers % pp and vpp == 1:
-                                s = replace(s, layers_per_stage=_layer_split_even(model.num_layers, pp))
-                            elif model.num_layers % pp:
-                                continue
-                            try:
-                                check_structure(s, model)
-                            except InvalidStrategy:
-                                continue
-                            # cheap memory check on the first and last stage
-                            placement = placement_of(s)
-                            fits = True
-                            worst = 0.0
-                            for i in sorted({0, pp - 1}):
-                                gpu = cluster.group(groups[i]).gpu
-                                mem = stage_memory(model, s, placement, i, gpu)
-                                worst = max(worst, mem.total - mem.capacity)
-                                if not mem.fits:
-                                    fits = False
-                            if not fits:
-                                res.pruned_memory += 1
-                                if closest is None or worst < closest[0]:
-                                    closest = (worst, s)
-                                continue
-                            cands.append((_lower_bound(model, cluster, s), s))
-    res.candidates = n
-    cands.sort(key=lambda x: x[0])
-    priced: list[Estimate] = []
-    best_k: list[float] = []
-    for k, (lb, s) in enumerate(cands):
-        if len(best_k) >= max(o.top, REFINE_TOP) and lb > sorted(best_k)[max(o.top, REFINE_TOP) - 1]:
-            res.pruned_bound += len(cands) - k
+            vpps = [v for v in vpp_opts
+                    if v == 1 or (pp >= 2 and m % pp == 0 and "interleaved" in o.schedules
+                                  and model.num_layers % v == 0 and model.num_layers >= pp * v)]
+            for rec in rec_opts:
+                base = Strategy(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, etp=etp, micro_batch_size=mbs,
+                                global_batch_size=o.global_batch_size, seq_length=o.seq_length,
+                                recompute=rec, sequence_parallel=tp > 1, precision=o.precision,
+                                overlap_grad_reduce=True)
+                tk = _time_key(base)
+                for orders in layouts.values():
+                    n_children = len(vpps) * len(zero_opts) * len(orders)
+                    res.candidates += n_children
+                    if res.candidates > MAX_CANDIDATES:
+                        raise PlannerError(f"search space exceeds {MAX_CANDIDATES} candidates; "
+                                           "fix some degrees with --fix (e.g. --fix tp=8)")
+                    lb = bounds.cell(base, tk, orders[0])
+                    heapq.heappush(heap, (lb, next(tie), 0, (base, tk, tuple(orders), tuple(vpps), n_children)))
+    # 2. best first: expand cells into candidates, price candidates, stop at the K-th best plan
+    found: list[Estimate] = []
+    seen: set = set()
+    closest = None
+    done = 0
+
+    def kth_best() -> float:
+        return found[o.top - 1].step_time_s if len(found) >= o.top else float("inf")
+
+    while heap:
+        lb, _, kind, payload = heap[0]
+        if lb >= kth_best():
             break
         if time.perf_counter() - t0 > o.time_limit_s:
             res.status = "time-limit"
-            res.warnings.append(f"search stopped at its {o.time_limit_s:g} s time limit")
-            res.pruned_bound += len(cands) - k
+            _warn(res.warnings, f"search stopped at its {o.time_limit_s:g} s time limit; "
+                                f"the plans are the best of those priced")
             break
+        heapq.heappop(heap)
+        if kind == 0:
+            base, tk, orders, vpps, _ = payload
+            for vpp in vpps:
+                for z in zero_opts:
+                    for groups in orders:
+                        c = replace(base, vpp=vpp, schedule="interleaved" if vpp > 1 else "1f1b",
+                                    zero_stage=z, overlap_param_gather=z >= 1,
+                                    stage_node_groups=groups if cluster.is_heterogeneous else None)
+                        heapq.heappush(heap, (bounds.candidate(c, tk, groups), next(tie), 1, c))
+            continue
+        c = payload
+        valid, split = _initial_split(model, cluster, c, c.stage_node_groups or ())
+        if not valid:
+            continue   # no split gives every stage a multiple of vpp layers
+        c = replace(c, layers_per_stage=split)
         try:
-            e = estimate(model, cluster, s)
+            check_structure(c, model)
         except InvalidStrategy:
             continue
-        res.priced += 1
+        done += 1
         if progress:
-            progress(k + 1, len(cands))
-        if e.fits:
-            priced.append(e)
-            best_k.append(e.step_time_s)
-        elif closest is None or _short(e) < closest[0]:
-            closest = (_short(e), s)
-    priced.sort(key=lambda e: e.step_time_s)
-    # exact stage partition for the best few
-    refined = []
-    seen = set()
-    for e in priced[:REFINE_TOP]:
-        s2, used = refine_partition(model, cluster, e.strategy, e, o.solver, res.warnings)
-        res.solver = used if used != "none" else res.solver
-        best = e
-        if s2 is not None and s2.layers_per_stage != e.strategy.stage_layers(model):
-            try:
-                e2 = estimate(model, cluster, s2)
-                if e2.fits and e2.step_time_s < e.step_time_s:
-                    best = e2
-            except InvalidStrategy:
-                pass
-        key = best.strategy
-        if key not in seen:
-            seen.add(key)
-            refined.append(best)
-    refined.sort(key=lambda e: e.step_time_s)
-    res.plans = refined[:o.top]
+            progress(done, res.candidates)
+        may_fit, short_bytes = _memory_screen(model, cluster, c, c.stage_node_groups or ())
+        if not may_fit:
+            res.pruned_memory += 1
+            if closest is None or short_bytes < closest[0]:
+                closest = (short_bytes, c)
+            continue
+        best, short = _price(model, cluster, c, o.solver, res)
+        if best is None:
+            res.pruned_memory += 1
+            if short is not None and (closest is None or short[0] < closest[0]):
+                closest = short
+            continue
+        if best.strategy in seen:
+            continue
+        seen.add(best.strategy)
+        found.append(best)
+        found.sort(key=lambda e: e.step_time_s)
+        del found[max(o.top, 1):]
+    res.pruned_bound += sum(p[4] if k == 0 else 1 for _, _, k, p in heap)
+    res.plans = found[:o.top]
     if not res.plans and closest is not None:
-        s = closest[1]
-        try:
-            res.closest = estimate(model, cluster, s)
-        except InvalidStrategy:
-            res.closest = None
+        res.closest = closest[1] if isinstance(closest[1], Estimate) else estimate(model, cluster, closest[1])
     if res.plans and cluster.is_heterogeneous:
         used = set(res.plans[0].stage_groups)
-        for g in cluster.node_groups:
-            if g.name not in used:
-                res.idle_groups.append(g.name)
+        res.idle_groups = [g.name for g in cluster.node_groups if g.name not in used]
     res.seconds = time.perf_counter() - t0
     return res
 
 
+def _memory_screen(model: ModelSpec, cluster: ClusterSpec, s: Strategy, groups: tuple[str, ...]):
+    """(may fit, bytes short): exact per-stage memory of the starting split, then the
+    necessary condition for any split, with each stage's fixed bytes and per-layer bytes as
+    `partition_problem` models them: stage i holds at most n_i = (capacity - fixed) / per-layer
+    layers (a multiple of vpp, at least vpp), and the n_i must reach the model's layers."""
+    placement = placement_of(s)
+    short = -float("inf")
+    room = 0
+    fits_now = True
+    ranges = s.stage_layer_ranges(model)
+    kinds = [k for k, n in ((False, model.num_dense_layers), (True, model.num_moe_layers)) if n]
+    for i, (a, b) in enumerate(ranges):
+        gpu = cluster.group(groups[i]).gpu if s.stage_node_groups else cluster.node_groups[0].gpu
+        mem = stage_memory(model, s, placement, i, gpu)
+        short = max(short, mem.total - mem.capacity)
+        fits_now = fits_now and mem.fits
+        per = {k: layer_memory_bytes(model, s, placement, i, k) for k in kinds}
+        n_moe = model.num_moe_layers_in(a, b)
+        fixed = mem.total - per.get(False, 0.0) * (b - a - n_moe) - per.get(True, 0.0) * n_moe
+        n_max = int((mem.capacity - fixed) // min(per.values())) // s.vpp * s.vpp
+        if n_max < s.vpp:
+            return False, short
+        room += n_max
+    return fits_now or room >= model.num_layers, short
+
+
+def _price(model, cluster, s: Strategy, solver: str, res: SearchResult):
+    """Estimate one candidate and re-split its layers exactly. Returns (the best fitting
+    estimate or None, (bytes short, estimate) when it does not fit)."""
+    try:
+        e = estimate(model, cluster, s)
+    except InvalidStrategy:
+        return None, None
+    res.priced += 1
+    best = e if e.fits else None
+    s2, used = refine_partition(model, cluster, s, e, solver, res.warnings)
+    if used != "none":
+        res.solver = used
+    if s2 is not None and s2.layers_per_stage != s.stage_layers(model):
+        try:
+            e2 = estimate(model, cluster, s2)
+        except InvalidStrategy:
+            e2 = None
+        if e2 is not None and e2.fits and (best is None or e2.step_time_s < best.step_time_s):
+            best = e2
+    if best is not None:
+        return best, None
+    return None, (_short(e), e)
+
+
+
 def _short(e: Estimate) -> float:
     return max(m.total - m.capacity for m in e.memory)
-
-
-def _lower_bound(model: ModelSpec, cluster: ClusterSpec, s: Strategy) -> float:
-    """Seconds no plan of this strategy can beat: the critical stage's compute for m
-    micro-batches (communication, bubble and optimizer only add)."""
-    tk = _time_key(s)
-    groups = s.stage_node_groups or tuple(cluster.node_groups[0].name for _ in range(s.pp))
-    worst = 0.0
-    for i, (a, b) in enumerate(s.stage_layer_ranges(model)):
-        gpu = cluster.group(groups[i]).gpu
-        n_moe = sum(model.is_moe_layer(k) for k in range(a, b))
-        t = (b - a - n_moe) * _layer_time(model, tk, gpu, False).total
-        if n_moe:
-            t += n_moe * _layer_time(model, tk, gpu, True).total
-        worst = max(worst, t)
-    return worst * s.num_microbatches

@@ -65,7 +65,7 @@ class ModelSpec:
     def is_moe(self) -> bool:
         return self.num_experts is not None
 
-    @property
+    @cached_property
     def num_moe_layers(self) -> int:
         return sum(self.moe_layer_pattern)
 

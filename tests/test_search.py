@@ -1,0 +1,127 @@
+"""The search against brute force: on small cases, pricing every strategy of the searched space
+with every contiguous layer split must not find a plan better than the search's top plan, and
+the search's lower bounds must never exceed what `estimate` gives."""
+
+import itertools
+from dataclasses import replace
+
+import pytest
+
+from planner.estimate import _time_key, estimate
+from planner.errors import InvalidStrategy
+from planner.search.planner import (MICRO_BATCHES, VPP_CHOICES, SearchOptions, _Bounds, enumerate_space,
+                                    search, stage_layouts)
+from planner.specs.cluster import cluster_from_dict
+from planner.specs.model import model_from_dict
+from planner.strategy import Strategy, check_structure
+
+def _model(name, layers, hidden, heads, ffn, swiglu):
+    return model_from_dict({
+        "name": name, "num_layers": layers, "hidden_size": hidden, "num_attention_heads": heads,
+        "num_query_groups": 8, "ffn_hidden_size": ffn, "vocab_size": 128256,
+        "max_position_embeddings": 4096, "swiglu": swiglu, "normalization": "RMSNorm",
+        "untie_embeddings_and_output_weights": True, "position_embedding_type": "rope",
+        "add_bias_linear": False, "attention_dropout": 0.0, "hidden_dropout": 0.0}, "test")
+
+
+# 8 very wide layers (15.4B parameters) on 8 GPUs: memory binds, so sharding, recompute and
+# the layer split matter; small enough to price every split.
+MODEL = _model("wide-8", 8, 12288, 96, 49152, False)
+# 6 layers, 7.5B parameters: four H100 hold it, and slow A100s behind a 100 Gb/s link do not help.
+SMALL = _model("wide-6", 6, 8192, 64, 28672, True)
+
+
+def _group(name, gpu, nodes, nic_gbps):
+    return {"name": name, "nodes": nodes, "gpus_per_node": 4, "gpu": gpu, "nics_per_node": 4,
+            "nic_bandwidth": f"{nic_gbps} Gb/s"}
+
+
+HOMOGENEOUS = cluster_from_dict({"name": "h100-2x4", "node_groups": [_group("h100", "h100-sxm-80g", 2, 400)]}, "test")
+SMALL_MEMORY = cluster_from_dict({"name": "a100-2x4", "node_groups": [_group("a100", "a100-sxm-40g", 2, 200)]}, "test")
+H100_ALONE = cluster_from_dict({"name": "h100-1x4", "node_groups": [_group("h100", "h100-sxm-80g", 1, 400)]}, "test")
+MIXED = cluster_from_dict({
+    "name": "mixed-2x4", "node_groups": [_group("h100", "h100-sxm-80g", 1, 400),
+                                         _group("a100", "a100-sxm-40g", 1, 200)],
+    "interconnect": [{"between": ["h100", "a100"], "bandwidth": "100 Gb/s", "latency": "20 us"}]}, "test")
+OPTIONS = SearchOptions(global_batch_size=16, seq_length=2048, top=1, recompute=("none", "full"),
+                        zero_stages=(0, 1))
+
+
+def _splits(L, p, v):
+    for cuts in itertools.combinations(range(1, L), p - 1):
+        b = (0,) + cuts + (L,)
+        split = tuple(b[i + 1] - b[i] for i in range(p))
+        if all(n % v == 0 for n in split):
+            yield split
+
+
+def _space(model, cluster, o):
+    """Every strategy of the searched space, with every contiguous layer split."""
+    for tp, cp, pp, dp, ep, etp in enumerate_space(model, cluster, o):
+        for orders in stage_layouts(cluster, tp * cp * dp, pp).values():
+            for groups in orders:
+                for mbs in MICRO_BATCHES:
+                    if o.global_batch_size % (mbs * dp):
+                        continue
+                    m = o.global_batch_size // (mbs * dp)
+                    for vpp in VPP_CHOICES:
+                        if vpp > 1 and (pp < 2 or m % pp):
+                            continue
+                        for rec in o.recompute:
+                            for z in o.zero_stages:
+                                for split in _splits(model.num_layers, pp, vpp):
+                                    yield Strategy(
+                                        tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, etp=etp, vpp=vpp,
+                                        micro_batch_size=mbs, global_batch_size=o.global_batch_size,
+                                        seq_length=o.seq_length, recompute=rec, sequence_parallel=tp > 1,
+                                        zero_stage=z, precision=o.precision,
+                                        schedule="interleaved" if vpp > 1 else "1f1b",
+                                        layers_per_stage=split,
+                                        stage_node_groups=groups if cluster.is_heterogeneous else None,
+                                        overlap_grad_reduce=True, overlap_param_gather=z >= 1)
+
+
+def _brute_force(model, cluster, o):
+    best, n_fit, n_all, bounds = None, 0, 0, _Bounds(model, cluster)
+    for s in _space(model, cluster, o):
+        try:
+            check_structure(s, model)
+            e = estimate(model, cluster, s)
+        except InvalidStrategy:
+            continue
+        n_all += 1
+        groups = s.stage_node_groups or (cluster.node_groups[0].name,) * s.pp
+        tk = _time_key(s)
+        # the bounds the search prunes with hold for every split
+        assert bounds.candidate(s, tk, groups) <= e.step_time_s * (1 + 1e-9), s
+        assert bounds.cell(s, tk, groups) <= e.step_time_s * (1 + 1e-9), s
+        if e.fits:
+            n_fit += 1
+            if best is None or e.step_time_s < best.step_time_s:
+                best = e
+    return best, n_fit, n_all
+
+
+@pytest.mark.parametrize("cluster", [HOMOGENEOUS, SMALL_MEMORY, MIXED], ids=["h100", "a100-40g", "h100+a100"])
+def test_top_plan_is_the_brute_force_optimum(cluster):
+    best, n_fit, n_all = _brute_force(MODEL, cluster, OPTIONS)
+    assert n_all > 1000 and 0 < n_fit < n_all   # not trivial: memory rules some out
+    r = search(MODEL, cluster, OPTIONS)
+    top = r.plans[0]
+    assert top.fits
+    assert top.step_time_s == pytest.approx(best.step_time_s, rel=1e-9), (top.strategy, best.strategy)
+    assert r.priced < n_all / 10   # the bounds pruned most of the space
+
+
+def test_mixed_cluster_uses_the_a100s_when_they_help():
+    alone = search(MODEL, H100_ALONE, OPTIONS).plans[0]
+    mixed = search(MODEL, MIXED, OPTIONS)
+    assert mixed.plans[0].step_time_s < alone.step_time_s
+    assert set(mixed.plans[0].stage_groups) == {"h100", "a100"} and mixed.idle_groups == []
+
+
+def test_mixed_cluster_says_when_the_a100s_cannot_help():
+    alone = search(SMALL, H100_ALONE, OPTIONS).plans[0]
+    mixed = search(SMALL, MIXED, OPTIONS)
+    assert mixed.plans[0].step_time_s == pytest.approx(alone.step_time_s, rel=1e-12)
+    assert mixed.idle_groups == ["a100"]
