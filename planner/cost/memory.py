@@ -155,8 +155,8 @@ def stage_activation_bytes(model: ModelSpec, s: Strategy, stage: int) -> tuple[f
 def layer_memory_bytes(model: ModelSpec, s: Strategy, placement: Placement, stage: int, moe: bool) -> float:
     """Bytes one more decoder layer adds to pipeline rank `stage`: its parameters, gradients
     and optimizer state after sharding, plus its kept activations for the rank's in-flight
-    micro-batches (every layer recomputed alike, i.e. no recompute_num_layers). The rest of
-    the stage's memory does not depend on its layer count (ZeRO-2 bucket aside)."""
+    micro-batches. Exact when every layer is recomputed alike; with recompute_num_layers it
+    counts every layer as fully recomputed (a lower bound)."""
     bpp = BYTES_PER_PARAM[s.optimizer_convention]
     if moe:
         groups = {"dense": model.attention_params + model.shared_expert_params,
@@ -169,6 +169,36 @@ def layer_memory_bytes(model: ModelSpec, s: Strategy, placement: Placement, stag
                  for state in ("parameters", "gradients", "optimizer") for g, n in groups.items())
     mode = s.recompute if s.recompute in ("full", "selective") else "none"
     return states + act.layer_bytes(model, s, moe, mode) * in_flight_microbatches(s, stage)
+
+
+def stage_fixed_bytes_lower_bound(model: ModelSpec, s: Strategy, placement: Placement, stage: int) -> float:
+    """Bytes of pipeline rank `stage` that do not scale with its layer count, at least: the
+    embedding / final norm / output layer states and activations it holds, the one layer
+    rebuilt at a time under full recompute (the lighter layer kind), and the ZeRO-2/3 buffers
+    as small as any split makes them. For any split, stage_memory(...).total >= this +
+    sum over its layers of layer_memory_bytes(...); the search prunes with it."""
+    bpp = BYTES_PER_PARAM[s.optimizer_convention]
+    first, last = stage == 0, stage == s.pp - 1
+    fp = layer_range_params(model, s, 0, 0, first, last)
+    fixed = sum((fp.dense * placement.shard_factor(st, "dense") + fp.norms * placement.shard_factor(st, "norms"))
+                * bpp[st] for st in ("parameters", "gradients", "optimizer"))
+    if first:
+        fixed += act.embedding_bytes(model, s) * in_flight_microbatches(s, stage)
+    if last:
+        fixed += act.output_layer_bytes(model, s)
+    kinds = [moe for moe, n in ((False, model.num_dense_layers), (True, model.num_moe_layers)) if n]
+    if s.recompute == "full":
+        fixed += min(act.layer_bytes(model, s, moe, "none") for moe in kinds)
+    if s.zero_stage >= 2:
+        bucket = max(DDP_BUCKET_MIN_PARAMS, DDP_BUCKET_PARAMS_PER_DP_RANK * s.dp * s.cp)
+        fixed += min(bucket, fp.dense / s.tp + fp.norms) * bpp["gradients"]
+    if s.zero_stage >= 3:
+        def one_layer(moe):
+            k = next(i for i in range(model.num_layers) if model.is_moe_layer(i) == moe)
+            lp = layer_range_params(model, s, k, k + 1, False, False)
+            return lp.dense / s.tp + lp.norms + lp.experts / (s.ep * s.expert_tp)
+        fixed += ZERO3_GATHERED_LAYERS * min(one_layer(moe) for moe in kinds) * bpp["parameters"]
+    return fixed
 
 
 def stage_memory(model: ModelSpec, s: Strategy, placement: Placement, stage: int, gpu: GPUProfile,

@@ -20,7 +20,8 @@ from ..strategy import Strategy, check_structure
 from ..cost import compute as C
 from ..cost.activations import BYTES_16BIT
 from ..cost.comm import collective_time, group_link, p2p_link
-from ..cost.memory import BYTES_PER_PARAM, layer_memory_bytes, layer_range_params, stage_memory
+from ..cost.memory import (BYTES_PER_PARAM, layer_memory_bytes, layer_range_params, stage_fixed_bytes_lower_bound,
+                           stage_memory)
 from ..placement import data_collectives, placement_of
 from .partition import PartitionProblem, partition_dp, partition_ilp
 
@@ -308,7 +309,8 @@ class _Bounds:
         rate = {g: min(costs[g][k] / ref[k] for k, _ in kinds) for g in names}
         least = sum(n * min(costs[g][k] for g in names) for k, n in kinds)
         floor = {g: min(costs[g][k] for k, _ in kinds) for g in names}
-        return {"units": units, "rate": rate, "floor": floor}, least
+        unit_max = max(ref[k] for k, _ in kinds)   # the most units one layer can carry
+        return {"units": units, "rate": rate, "floor": floor, "unit_max": unit_max}, least
 
     def ends(self, s: Strategy, tk: Strategy, group_name: str) -> tuple[float, float]:
         """(embedding, output layer) forward + backward seconds per micro-batch on this group."""
@@ -337,15 +339,19 @@ class _Bounds:
         names = sorted(set(groups))
         hop = 2 * min(self.pp_hop(s, x, y) for x in names for y in names) if s.pp > 1 else 0.0
         w, _ = self.work(s, tk, names)
-        stages = [(w["rate"][g], w["floor"][g], hop) for g in groups]
+        stages = {}
+        for g in groups:
+            key = (w["rate"][g], w["floor"][g], hop, float("inf"))
+            stages[key] = stages.get(key, 0) + 1
         return s.num_microbatches * _relaxed_minmax(stages, w["units"], 1)
 
-    def candidate(self, s: Strategy, tk: Strategy, groups: tuple[str, ...]) -> float:
+    def candidate(self, s: Strategy, tk: Strategy, groups: tuple[str, ...], max_layers=None) -> float:
         """Bound for one concrete candidate (its vpp, ZeRO stage and stage order):
         (m - 1/v) T + W / v + the optimizer step, with T the least slowest-stage time and W the
         least sum of stage times over all layer splits (pipeline.py: T_pipe = (m - 1/v) max t_i
         + sum t_i / v; after the pipeline every stage runs its optimizer step, and the slowest
-        takes at least the mean shard on the fastest GPU; DP sync only adds)."""
+        takes at least the mean shard on the fastest GPU; DP sync only adds).
+        `max_layers`: the most layers each stage can hold in memory, if known."""
         p, v, m = s.pp, s.vpp, s.num_microbatches
         names = sorted(set(groups))
         w, least = self.work(s, tk, names)
@@ -353,7 +359,7 @@ class _Bounds:
         for a, b in zip(groups, groups[1:]):
             if (a, b) not in hops:
                 hops[(a, b)] = hops[(b, a)] = 2 * v * self.pp_hop(s, a, b)
-        stages = []
+        stages: dict = {}
         W = least
         for i, g in enumerate(groups):
             e = 0.0
@@ -364,7 +370,9 @@ class _Bounds:
             if p > 1:
                 e += max(hops[(g, groups[i - 1])] if i > 0 else 0.0,
                          hops[(g, groups[i + 1])] if i < p - 1 else 0.0)
-            stages.append((w["rate"][g], w["floor"][g], e))
+            cap = float("inf") if max_layers is None else max_layers[i] * w["unit_max"]
+            key = (w["rate"][g], w["floor"][g], e, cap)
+            stages[key] = stages.get(key, 0) + 1
             W += e
         T = _relaxed_minmax(stages, w["units"], v)
         pipe = m * T if p == 1 else (m - 1.0 / v) * T + W / v
@@ -422,15 +430,33 @@ class _Bounds:
         return v
 
 
-def _relaxed_minmax(stages: list[tuple[float, float, float]], units: float, n_min: int) -> float:
+def _relaxed_minmax(stages: dict[tuple[float, float, float, float], int], units: float, n_min: int) -> float:
     """Least T such that the layers fit under it with at least n_min per stage, over real
-    (fractional) layer splits. Stage i = (r_i seconds per work unit, f_i least seconds of one
-    layer, e_i fixed seconds): it takes >= r_i u_i + e_i for u_i work units and >= n_min f_i +
-    e_i as it holds n_min layers. So T >= max_i(n_min f_i + e_i), and since the units sum to
-    the model's, sum_i (T - e_i)/r_i >= units: T >= (units + sum e_i/r_i) / sum 1/r_i."""
-    floor = max(n_min * f + e for _, f, e in stages)
-    T = (units + sum(e / r for r, _, e in stages)) / sum(1.0 / r for r, _, _ in stages)
-    return max(floor, T)
+    (fractional) layer splits. A stage (r seconds per work unit, f least seconds of one layer,
+    e fixed seconds, cap most units its memory holds) takes >= r u + e for u <= cap work units,
+    and >= n_min f + e as it holds n_min layers; `stages` maps each to how many stages share it.
+    So T >= max(n_min f + e), and sum min(cap, (T - e)/r) >= units, whose left side is
+    increasing and piecewise linear in T: solved exactly piece by piece."""
+    items = [(r, e, cap, k) for (r, _, e, cap), k in stages.items()]
+    floor = max(n_min * f + e for (_, f, e, _) in stages)
+
+    def held(T):
+        return sum(k * min(cap, (T - e) / r) for r, e, cap, k in items)
+
+    if held(floor) >= units:
+        return floor
+    T = floor
+    # breakpoints where a stage fills its memory; between them the slope is the sum of 1/r
+    # over the stages still filling
+    for x in sorted(e + r * cap for r, e, cap, _ in items if e + r * cap > floor) + [float("inf")]:
+        slope = sum(k / r for r, e, cap, k in items if e + r * cap > T)
+        if slope <= 0:
+            return float("inf")   # every stage is full: no split fits
+        need = (units - held(T)) / slope
+        if T + need <= x:
+            return T + need
+        T = x
+    return float("inf")
 
 
 # ---- the search ------------------------------------------------------------------------------
@@ -518,23 +544,29 @@ def search(model: ModelSpec, cluster: ClusterSpec, o: SearchOptions, progress=No
                         heapq.heappush(heap, (bounds.candidate(c, tk, groups), next(tie), 1, c))
             continue
         c = payload
-        valid, split = _initial_split(model, cluster, c, c.stage_node_groups or ())
-        if not valid:
-            continue   # no split gives every stage a multiple of vpp layers
-        c = replace(c, layers_per_stage=split)
-        try:
-            check_structure(c, model)
-        except InvalidStrategy:
-            continue
-        done += 1
-        if progress:
-            progress(done, res.candidates)
-        may_fit, short_bytes = _memory_screen(model, cluster, c, c.stage_node_groups or ())
-        if not may_fit:
-            res.pruned_memory += 1
-            if closest is None or short_bytes < closest[0]:
-                closest = (short_bytes, c)
-            continue
+        if kind == 1:
+            valid, split = _initial_split(model, cluster, c, c.stage_node_groups or ())
+            if not valid:
+                continue   # no split gives every stage a multiple of vpp layers
+            c = replace(c, layers_per_stage=split)
+            try:
+                check_structure(c, model)
+            except InvalidStrategy:
+                continue
+            done += 1
+            if progress:
+                progress(done, res.candidates)
+            may_fit, short_bytes, n_max = _memory_screen(model, cluster, c, need_short=not found)
+            if not may_fit:
+                res.pruned_memory += 1
+                if short_bytes is not None and (closest is None or short_bytes < closest[0]):
+                    closest = (short_bytes, c)
+                continue
+            # with the layers each stage can hold, the bound may rise: queue it again
+            lb2 = bounds.candidate(c, _time_key(c), c.stage_node_groups or (cluster.node_groups[0].name,) * c.pp, n_max)
+            if lb2 > lb * (1 + 1e-9):
+                heapq.heappush(heap, (lb2, next(tie), 2, c))
+                continue
         best, short = _price(model, cluster, c, o.solver, res)
         if best is None:
             res.pruned_memory += 1
@@ -558,30 +590,32 @@ def search(model: ModelSpec, cluster: ClusterSpec, o: SearchOptions, progress=No
     return res
 
 
-def _memory_screen(model: ModelSpec, cluster: ClusterSpec, s: Strategy, groups: tuple[str, ...]):
-    """(may fit, bytes short): exact per-stage memory of the starting split, then the
-    necessary condition for any split, with each stage's fixed bytes and per-layer bytes as
-    `partition_problem` models them: stage i holds at most n_i = (capacity - fixed) / per-layer
-    layers (a multiple of vpp, at least vpp), and the n_i must reach the model's layers."""
+def _memory_screen(model: ModelSpec, cluster: ClusterSpec, s: Strategy, need_short: bool):
+    """(may fit, bytes short, most layers each stage can hold). Stage i holds at most
+    n_i = (capacity - fixed) / per-layer layers (a multiple of vpp), with the lower bounds of
+    cost/memory.py, so a split can only fit if every n_i >= vpp and the n_i reach the model's
+    layers. Bytes short (of the starting split, for the closest-plan report) only if asked."""
     placement = placement_of(s)
-    short = -float("inf")
-    room = 0
-    fits_now = True
-    ranges = s.stage_layer_ranges(model)
     kinds = [k for k, n in ((False, model.num_dense_layers), (True, model.num_moe_layers)) if n]
-    for i, (a, b) in enumerate(ranges):
-        gpu = cluster.group(groups[i]).gpu if s.stage_node_groups else cluster.node_groups[0].gpu
-        mem = stage_memory(model, s, placement, i, gpu)
-        short = max(short, mem.total - mem.capacity)
-        fits_now = fits_now and mem.fits
-        per = {k: layer_memory_bytes(model, s, placement, i, k) for k in kinds}
-        n_moe = model.num_moe_layers_in(a, b)
-        fixed = mem.total - per.get(False, 0.0) * (b - a - n_moe) - per.get(True, 0.0) * n_moe
-        n_max = int((mem.capacity - fixed) // min(per.values())) // s.vpp * s.vpp
-        if n_max < s.vpp:
-            return False, short
-        room += n_max
-    return fits_now or room >= model.num_layers, short
+    n_max = []
+    may_fit = True
+    for i in range(s.pp):
+        gpu = cluster.group(s.stage_node_groups[i]).gpu if s.stage_node_groups else cluster.node_groups[0].gpu
+        per = min(layer_memory_bytes(model, s, placement, i, k) for k in kinds)
+        room = (gpu.usable_memory_bytes - stage_fixed_bytes_lower_bound(model, s, placement, i)) // per
+        room = int(max(room, 0)) // s.vpp * s.vpp
+        if room < s.vpp:
+            may_fit = False
+        n_max.append(room)
+    may_fit = may_fit and sum(n_max) >= model.num_layers
+    short = None
+    if not may_fit and need_short:
+        short = -float("inf")
+        for i in range(s.pp):
+            gpu = cluster.group(s.stage_node_groups[i]).gpu if s.stage_node_groups else cluster.node_groups[0].gpu
+            mem = stage_memory(model, s, placement, i, gpu)
+            short = max(short, mem.total - mem.capacity)
+    return may_fit, short, n_max
 
 
 def _price(model, cluster, s: Strategy, solver: str, res: SearchResult):
