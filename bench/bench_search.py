@@ -15,6 +15,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from planner.library import load_cluster_ref, load_model_ref  # noqa: E402
 from planner.search.planner import SearchOptions, search  # noqa: E402
+from planner.specs.cluster import cluster_from_dict  # noqa: E402
+from planner.specs.model import model_from_dict  # noqa: E402
+
+# Boundedness (issue 7): 12,500 DGX H100 nodes, and a 1,000-layer Llama-3-8B-wide model.
+H100_100K = cluster_from_dict({"name": "h100-x100k", "node_groups": [
+    {"name": "h100", "nodes": 12_500, "gpus_per_node": 8, "gpu": "h100-sxm-80g", "nics_per_node": 8,
+     "nic_bandwidth": "400 Gb/s"}]}, "bench")
+DEEP_1000 = model_from_dict({
+    "name": "deep-1000", "num_layers": 1000, "hidden_size": 4096, "num_attention_heads": 32,
+    "num_query_groups": 8, "ffn_hidden_size": 14336, "vocab_size": 128256, "max_position_embeddings": 8192,
+    "swiglu": True, "normalization": "RMSNorm", "position_embedding_type": "rope"}, "bench")
 
 SCENARIOS = [
     ("llama3-8b", "dgx-h100-x8", 512, 8192),
@@ -23,6 +34,8 @@ SCENARIOS = [
     ("mixtral-8x22b", "dgx-h100-x32", 1024, 4096),
     ("deepseek-v3", "h800-x256", 4096, 4096),
     ("llama3-70b", "mixed-512", 1024, 4096),
+    ("llama3.1-405b", H100_100K, 16384, 8192),
+    (DEEP_1000, "dgx-h100-x128", 1024, 4096),
 ]
 
 
@@ -32,7 +45,8 @@ def main(argv=None):
     a = ap.parse_args(argv)
     print(f"{'model':15s} {'cluster':16s} {'GPUs':>6s} {'cands':>7s} {'priced':>6s} {'secs':>6s}  top plan")
     for model, cluster, gbs, seq in SCENARIOS:
-        m, c = load_model_ref(model), load_cluster_ref(cluster)
+        m = load_model_ref(model) if isinstance(model, str) else model
+        c = load_cluster_ref(cluster) if isinstance(cluster, str) else cluster
         t0 = time.perf_counter()
         r = search(m, c, SearchOptions(global_batch_size=gbs, seq_length=seq, top=1, time_limit_s=a.time_limit))
         dt = time.perf_counter() - t0
@@ -44,7 +58,7 @@ def main(argv=None):
                    f" [{' '.join(sorted(set(e.stage_groups)))}]")
         else:
             top = "no plan fits"
-        print(f"{model:15s} {cluster:16s} {c.num_gpus:6d} {r.candidates:7d} {r.priced:6d} {dt:6.1f}  {top}"
+        print(f"{m.name:15s} {c.name:16s} {c.num_gpus:6d} {r.candidates:7d} {r.priced:6d} {dt:6.1f}  {top}"
               + ("  (time limit)" if r.status == "time-limit" else ""))
 
 

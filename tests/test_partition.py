@@ -37,3 +37,25 @@ def test_dp_and_ilp_match_brute_force(seed):
     assert dp.objective == pytest.approx(obj, rel=1e-9)
     ilp = partition_ilp(prob)
     assert ilp.objective == pytest.approx(obj, rel=1e-6)
+
+
+@pytest.mark.parametrize("seed", range(16))
+def test_uniform_layers_greedy_path_matches_brute_force(seed):
+    """A model of one layer kind takes partition_dp's greedy path; it must agree with brute
+    force too, with virtual-stage multiples and memory that binds."""
+    rng = np.random.default_rng(100 + seed)
+    p, multiple = int(rng.integers(2, 5)), int(rng.choice([1, 2]))
+    L = multiple * int(rng.integers(p, 12 // multiple + p))
+    speed = rng.uniform(0.5, 2.0, size=(p, 1))
+    lt = np.repeat(speed, L, axis=1)
+    lm = np.repeat(rng.uniform(1.0, 2.0, size=(p, 1)), L, axis=1)
+    cap = np.full(p, float(rng.uniform(L / p * 1.5, L / p * 3.0)))
+    prob = PartitionProblem(lt, lm, rng.uniform(0, 1, p), rng.uniform(0, 2, p), cap,
+                            m=int(rng.integers(2, 16)), v=multiple)
+    obj, split = brute(prob, multiple)
+    dp = partition_dp(prob, multiple=multiple)
+    if split is None:
+        assert dp.layers is None
+        return
+    assert dp.objective == pytest.approx(obj, rel=1e-9)
+    assert sum(dp.layers) == L and all(n % multiple == 0 for n in dp.layers) and prob.feasible(dp.layers)

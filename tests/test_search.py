@@ -125,3 +125,19 @@ def test_mixed_cluster_says_when_the_a100s_cannot_help():
     mixed = search(SMALL, MIXED, OPTIONS)
     assert mixed.plans[0].step_time_s == pytest.approx(alone.step_time_s, rel=1e-12)
     assert mixed.idle_groups == ["a100"]
+
+
+def test_large_inputs_stay_bounded():
+    """#7: a 100,000-GPU cluster and a 1,000-layer model plan (the bench times them); the
+    plans are whole: every GPU counted, every layer placed, memory within capacity."""
+    from planner.library import load_cluster_ref, load_model_ref
+
+    huge = cluster_from_dict({"name": "h100-100k", "node_groups": [_group("h100", "h100-sxm-80g", 25_000, 400)]}, "test")
+    r = search(load_model_ref("llama3.1-405b"), huge, SearchOptions(global_batch_size=16384, seq_length=8192, top=1))
+    s = r.plans[0].strategy
+    assert r.status == "optimal" and r.plans[0].fits
+    assert 50_000 < s.world_size <= 100_000
+    deep = _model("deep-1000", 1000, 4096, 32, 14336, True)
+    r = search(deep, load_cluster_ref("dgx-h100-x128"), SearchOptions(global_batch_size=1024, seq_length=4096, top=1))
+    e = r.plans[0]
+    assert r.status == "optimal" and e.fits and sum(e.strategy.stage_layers(deep)) == 1000

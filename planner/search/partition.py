@@ -144,23 +144,77 @@ def _candidate_bounds(mats: _Matrices, prob: PartitionProblem) -> np.ndarray:
     return v
 
 
+class _Uniform:
+    """Every layer costs the same on a stage (a model of one layer kind): stage i with n layers
+    takes c_i n + e_i seconds and k_i n + f_i bytes, so any layer counts form a contiguous
+    split and the least sum under a bound is greedy: every stage starts at `multiple` layers,
+    the rest go to the cheapest stages first, each up to what the bound and its memory allow
+    (costs are linear in the counts, so the exchange argument makes greedy exact)."""
+
+    def __init__(self, prob: PartitionProblem, multiple: int):
+        self.prob, self.v = prob, multiple
+        self.c = prob.layer_time[:, 0]
+        k = prob.layer_mem[:, 0]
+        mem_room = np.floor((prob.capacity - prob.extra_mem) / k + _REL_TOL)
+        self.n_mem = (np.maximum(mem_room, 0) // multiple * multiple).astype(np.int64)
+
+    def bounds(self) -> np.ndarray:
+        vals = [self.c[i] * n + self.prob.extra_time[i]
+                for i in range(self.prob.p) for n in range(self.v, int(min(self.n_mem[i], self.prob.L)) + 1, self.v)]
+        v = np.unique(np.array(vals)) if vals else np.zeros(0)
+        if len(v) > 1:
+            v = v[np.append(v[1:] - v[:-1] > _REL_TOL * np.abs(v[1:]), True)]
+        return v
+
+    def __call__(self, bound: float):
+        prob, v = self.prob, self.v
+        by_time = np.floor((bound * (1 + _REL_TOL) - prob.extra_time) / self.c + _REL_TOL)
+        upper = np.minimum(self.n_mem, np.maximum(by_time, 0) // v * v).astype(np.int64)
+        if (upper < v).any() or upper.sum() < prob.L:
+            return np.inf, None
+        n = np.full(prob.p, v, dtype=np.int64)
+        left = prob.L - n.sum()
+        for i in np.argsort(self.c, kind="stable"):
+            add = min(left, upper[i] - n[i])
+            n[i] += add
+            left -= add
+        split = tuple(int(x) for x in n)
+        return float((self.c * n + prob.extra_time).sum()), split
+
+
+def _is_uniform(prob: PartitionProblem) -> bool:
+    return bool(np.all(prob.layer_time == prob.layer_time[:, :1])
+                and np.all(prob.layer_mem == prob.layer_mem[:, :1]))
+
+
 def partition_dp(prob: PartitionProblem, multiple: int = 1, max_bounds: int = 64) -> PartitionResult:
     """Exact DP (see module doc). `multiple`: each stage's layer count must be a multiple of it
-    (virtual stages need layers divisible by v)."""
-    P_t = np.concatenate([np.zeros((prob.p, 1)), np.cumsum(prob.layer_time, axis=1)], axis=1)
-    P_m = np.concatenate([np.zeros((prob.p, 1)), np.cumsum(prob.layer_mem, axis=1)], axis=1)
-    mats = _Matrices(P_t, P_m, prob, multiple)
-    bounds = _candidate_bounds(mats, prob)
+    (virtual stages need layers divisible by v). Models of one layer kind take the greedy
+    path of `_Uniform` (O(p log p) per bound instead of O(p L^2))."""
+    if prob.L % multiple:
+        return PartitionResult(None, float("inf"), "dp", "infeasible")
+    if _is_uniform(prob):
+        uniform = _Uniform(prob, multiple)
+        bounds = uniform.bounds()
+        min_sum = uniform
+    else:
+        P_t = np.concatenate([np.zeros((prob.p, 1)), np.cumsum(prob.layer_time, axis=1)], axis=1)
+        P_m = np.concatenate([np.zeros((prob.p, 1)), np.cumsum(prob.layer_mem, axis=1)], axis=1)
+        mats = _Matrices(P_t, P_m, prob, multiple)
+        bounds = _candidate_bounds(mats, prob)
+
+        def min_sum(bound):
+            return _dp_min_sum(mats, prob, bound)
     if len(bounds) == 0:
         return PartitionResult(None, float("inf"), "dp", "infeasible")
     # min-max by binary search over the bounds (feasibility is monotone in the bound)
     lo, hi = 0, len(bounds) - 1
-    s_hi, _ = _dp_min_sum(mats, prob, bounds[hi])
+    s_hi, _ = min_sum(bounds[hi])
     if not np.isfinite(s_hi):
         return PartitionResult(None, float("inf"), "dp", "infeasible")
     while lo < hi:
         mid = (lo + hi) // 2
-        s, _ = _dp_min_sum(mats, prob, bounds[mid])
+        s, _ = min_sum(bounds[mid])
         if np.isfinite(s):
             hi = mid
         else:
@@ -175,7 +229,7 @@ def partition_dp(prob: PartitionProblem, multiple: int = 1, max_bounds: int = 64
             break
         if count >= max_bounds and best_split is not None:
             break           # work cap reached before the proof
-        s, split = _dp_min_sum(mats, prob, B)
+        s, split = min_sum(B)
         if split is None:
             continue
         times, _ = prob.stage_costs(split)

@@ -41,7 +41,9 @@ CP_SHORT_MAX = 2
 # leaves the rest idle). On a heterogeneous cluster whole node groups may stay idle: a plan on
 # the fast GPUs alone is in the space, so the search says when the slow ones cannot help.
 MIN_GPU_FRACTION = 0.5
-MAX_CANDIDATES = 200_000  # refuse a space larger than this (bounded time)
+# Refuse a space of more cells than this (bounded time and memory: every cell is bounded
+# up front; its candidates are only built when the cell's bound is reached).
+MAX_CELLS = 200_000
 
 
 @dataclass(frozen=True)
@@ -76,7 +78,8 @@ class SearchResult:
 
 
 def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
+    small = [d for d in range(1, int(n ** 0.5) + 1) if n % d == 0]
+    return sorted(set(small + [n // d for d in small]))
 
 
 def _pow2_upto(n: int) -> list[int]:
@@ -144,13 +147,14 @@ def enumerate_space(model: ModelSpec, cluster: ClusterSpec, o: SearchOptions):
     for key, vals in (("tp", tps), ("cp", cps), ("ep", eps), ("pp", pps)):
         if key in fixed:
             vals[:] = [fixed[key]]
+    batch_divisors = _divisors(o.global_batch_size)
     for tp in tps:
         for cp in cps:
             for pp in pps:
                 base = tp * cp * pp
                 if base > N:
                     break
-                dps = [d for d in _divisors(o.global_batch_size) if base * d <= N and base * d > MIN_GPU_FRACTION * n_min]
+                dps = [d for d in batch_divisors if base * d <= N and base * d > MIN_GPU_FRACTION * n_min]
                 if "dp" in fixed:
                     dps = [fixed["dp"]]
                 for dp in dps:
@@ -509,9 +513,10 @@ def search(model: ModelSpec, cluster: ClusterSpec, o: SearchOptions, progress=No
                 for orders in layouts.values():
                     n_children = len(vpps) * len(zero_opts) * len(orders)
                     res.candidates += n_children
-                    if res.candidates > MAX_CANDIDATES:
-                        raise PlannerError(f"search space exceeds {MAX_CANDIDATES} candidates; "
-                                           "fix some degrees with --fix (e.g. --fix tp=8)")
+                    if len(heap) >= MAX_CELLS:
+                        raise PlannerError(f"search space exceeds {MAX_CELLS} cells (degrees x micro-batch x "
+                                           "recompute x stage placement); fix some degrees with --fix "
+                                           "(e.g. --fix tp=8 --fix pp=16)")
                     lb = bounds.cell(base, tk, orders[0])
                     heapq.heappush(heap, (lb, next(tie), 0, (base, tk, tuple(orders), tuple(vpps), n_children)))
     # 2. best first: expand cells into candidates, price candidates, stop at the K-th best plan
