@@ -62,6 +62,17 @@ def gpus():
     console.print(t)
 
 
+@app.command()
+def schema(kind: str = typer.Argument(..., help="model | cluster | profile")):
+    """Print the JSON Schema of a spec file (for editor validation and completion)."""
+    from .specs.schema import schema as spec_schema
+    from .yamlio import suggest
+    kinds = ("model", "cluster", "profile")
+    if kind not in kinds:
+        raise SpecError("schema", None, f"found {kind!r}, expected one of {', '.join(kinds)}{suggest(kind, kinds)}")
+    _print_json(spec_schema(kind))
+
+
 def _strategy_from_options(model, cluster, tp, pp, dp, cp, ep, etp, vpp, mbs, gbs, seq, recompute,
                            recompute_num_layers, sp, zero, precision, schedule, layers_per_stage,
                            stage_groups, offload):

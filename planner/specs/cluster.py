@@ -81,7 +81,11 @@ class ClusterSpec:
 
 GROUP_FIELDS = {"name", "nodes", "gpus_per_node", "gpu", "nics_per_node", "nic_bandwidth",
                 "intra_node_bandwidth", "nic_latency", "host_memory"}
+REQUIRED_GROUP_FIELDS = {"name", "nodes", "gpus_per_node", "gpu", "nics_per_node", "nic_bandwidth"}
 CLUSTER_FIELDS = {"name", "node_groups", "interconnect", "source", "notes"}
+REQUIRED_CLUSTER_FIELDS = {"name", "node_groups"}
+INTERCONNECT_FIELDS = {"between", "bandwidth", "latency"}
+REQUIRED_INTERCONNECT_FIELDS = {"between", "bandwidth"}
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
 
 
@@ -116,7 +120,7 @@ def resolve_profile(ref: Any, source: str, fld: str) -> GPUProfile:
 
 
 def cluster_from_dict(data: Any, source: str) -> ClusterSpec:
-    check_fields(data, source, "", CLUSTER_FIELDS, {"name", "node_groups"})
+    check_fields(data, source, "", CLUSTER_FIELDS, REQUIRED_CLUSTER_FIELDS)
     groups_raw = data["node_groups"]
     if not isinstance(groups_raw, list) or not groups_raw:
         raise SpecError(source, "node_groups", "expected a non-empty list of node groups")
@@ -126,8 +130,7 @@ def cluster_from_dict(data: Any, source: str) -> ClusterSpec:
     seen = set()
     for i, g in enumerate(groups_raw):
         p = f"node_groups[{i}]"
-        check_fields(g, source, p, GROUP_FIELDS, {"name", "nodes", "gpus_per_node", "gpu",
-                                                    "nics_per_node", "nic_bandwidth"})
+        check_fields(g, source, p, GROUP_FIELDS, REQUIRED_GROUP_FIELDS)
         name = get_str(g, "name", source, p)
         if not _NAME.fullmatch(name):
             raise SpecError(source, f"{p}.name", f"found {name!r}, expected letters, digits, '.', '_', '-'")
@@ -156,7 +159,7 @@ def cluster_from_dict(data: Any, source: str) -> ClusterSpec:
         raise SpecError(source, "interconnect", "expected a list of {between, bandwidth, latency}")
     for i, ic in enumerate(raw_links):
         p = f"interconnect[{i}]"
-        check_fields(ic, source, p, {"between", "bandwidth", "latency"}, {"between", "bandwidth"})
+        check_fields(ic, source, p, INTERCONNECT_FIELDS, REQUIRED_INTERCONNECT_FIELDS)
         between = ic["between"]
         if (not isinstance(between, list) or len(between) != 2
                 or not all(isinstance(x, str) for x in between) or between[0] == between[1]):

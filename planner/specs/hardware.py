@@ -61,6 +61,8 @@ class GPUProfile:
 PROFILE_FIELDS = {"name", "vendor", "memory", "memory_bandwidth", "peak_tflops", "scale_up_bandwidth",
                   "scale_up_latency", "pcie_bandwidth", "memory_reserve", "fragmentation_fraction",
                   "efficiency", "source", "uncertain", "notes"}
+PROFILE_REQUIRED_FIELDS = {"name", "memory", "memory_bandwidth", "peak_tflops", "scale_up_bandwidth",
+                           "pcie_bandwidth", "memory_reserve", "fragmentation_fraction", "efficiency"}
 EFF_FIELDS = {"matmul", "memory_bandwidth", "kernel_overhead", "scale_up", "network", "flash_attention"}
 
 
@@ -72,9 +74,7 @@ def _unit(fn, data: dict, key: str, source: str, prefix: str = ""):
 
 
 def profile_from_dict(data: Any, source: str) -> GPUProfile:
-    check_fields(data, source, "", PROFILE_FIELDS,
-                 {"name", "memory", "memory_bandwidth", "peak_tflops", "scale_up_bandwidth",
-                  "pcie_bandwidth", "memory_reserve", "fragmentation_fraction", "efficiency"})
+    check_fields(data, source, "", PROFILE_FIELDS, PROFILE_REQUIRED_FIELDS)
     peaks = data["peak_tflops"]
     check_fields(peaks, source, "peak_tflops", set(DTYPES), set())
     peak_flops = {}

@@ -1,0 +1,151 @@
+"""JSON Schemas (draft 2020-12) of the three spec files, for editors (YAML language servers
+validate and complete with them; see README 'Editor support').
+
+The loaders stay the authority (ranges, cross-field rules, units); the schemas describe the
+same fields and are checked against the loaders' field sets in tests/test_schema.py.
+"""
+
+from __future__ import annotations
+
+from .cluster import (INTERCONNECT_FIELDS, REQUIRED_CLUSTER_FIELDS, REQUIRED_GROUP_FIELDS,
+                      REQUIRED_INTERCONNECT_FIELDS)
+from .hardware import DTYPES, EFF_FIELDS, PROFILE_REQUIRED_FIELDS
+from .model import NORMALIZATIONS, POSITION_EMBEDDINGS, REQUIRED_MODEL_FIELDS
+
+_NUM = r"[0-9]*\.?[0-9]+([eE][+-]?[0-9]+)?"
+BANDWIDTH = {"type": "string", "pattern": rf"^\s*{_NUM}\s*([kKmMgGtT]?b/s|[KMGT]bps|[KMGT]?B/s|GBps|[KMGT]iB/s)\s*$",
+             "description": "bandwidth with units: '400 Gb/s' (bits), '450 GB/s' (bytes)"}
+TIME = {"type": "string", "pattern": rf"^\s*{_NUM}\s*(ns|us|µs|ms|s)\s*$", "description": "time with units: '5 us'"}
+SIZE = {"type": "string", "pattern": rf"^\s*{_NUM}\s*([KMGT]?B|[KMGT]iB)\s*$",
+        "description": "size with units: '80 GB' (1e9 bytes), '2 TiB' (2^40 bytes)"}
+NAME = {"type": "string", "pattern": r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$"}
+TEXT = {"type": "string"}
+
+
+def _int(desc: str, minimum: int = 1) -> dict:
+    return {"type": "integer", "minimum": minimum, "description": desc}
+
+
+def _bool(desc: str) -> dict:
+    return {"type": "boolean", "description": desc}
+
+
+def _fraction(desc: str) -> dict:
+    return {"type": "number", "minimum": 0, "maximum": 1, "description": desc}
+
+
+MODEL_PROPERTIES = {
+    "name": {**NAME, "description": "model name"},
+    "num_layers": _int("decoder layers (--num-layers)"),
+    "hidden_size": _int("model width h (--hidden-size)"),
+    "num_attention_heads": _int("query heads a (--num-attention-heads)"),
+    "vocab_size": _int("tokenizer vocabulary; padded to 128 x tp as Megatron does"),
+    "num_query_groups": _int("K/V heads for GQA/MQA (--num-query-groups); default num_attention_heads"),
+    "kv_channels": _int("head dimension (--kv-channels); default hidden_size / num_attention_heads"),
+    "ffn_hidden_size": _int("MLP width (--ffn-hidden-size); default 4h, or 8h/3 rounded to 64 with SwiGLU"),
+    "swiglu": _bool("gated SwiGLU MLP (3 matrices instead of 2)"),
+    "normalization": {"enum": list(NORMALIZATIONS), "description": "LayerNorm or RMSNorm"},
+    "untie_embeddings_and_output_weights": _bool("separate output layer (--untie-embeddings-and-output-weights)"),
+    "position_embedding_type": {"enum": list(POSITION_EMBEDDINGS), "description": "Megatron --position-embedding-type"},
+    "max_position_embeddings": _int("learned position table size (--max-position-embeddings)"),
+    "add_bias_linear": _bool("biases in linear layers (Megatron default true)"),
+    "add_qkv_bias": _bool("bias on the QKV projection only (Qwen2)"),
+    "qk_layernorm": _bool("norms on queries and keys (Qwen3)"),
+    "attention_dropout": _fraction("attention dropout probability (keeps a mask when > 0)"),
+    "hidden_dropout": _fraction("hidden dropout probability (keeps masks when > 0)"),
+    "num_experts": _int("routed experts per MoE layer (--num-experts); absent for dense models"),
+    "moe_router_topk": _int("experts per token (--moe-router-topk)"),
+    "moe_ffn_hidden_size": _int("expert MLP width (--moe-ffn-hidden-size)"),
+    "moe_shared_expert_intermediate_size": _int("shared-expert MLP width (--moe-shared-expert-intermediate-size)"),
+    "moe_layer_freq": {"oneOf": [{"type": "integer", "minimum": 1},
+                                 {"type": "array", "items": {"enum": [0, 1]}},
+                                 {"type": "string", "pattern": r"^\(?\s*\[[01](,\s*[01])*\](\s*\*\s*[0-9]+)?"
+                                                               r"(\s*\+\s*\[[01](,\s*[01])*\](\s*\*\s*[0-9]+)?)*\s*\)?$"}],
+                       "description": "which layers are MoE (--moe-layer-freq): k, a 0/1 list, or '([0]*3+[1]*58)'"},
+    "moe_capacity_factor": {"type": "number", "exclusiveMinimum": 0,
+                            "description": "token-dropping capacity factor (--moe-expert-capacity-factor)"},
+    "multi_latent_attention": _bool("DeepSeek MLA (--multi-latent-attention)"),
+    "q_lora_rank": _int("MLA query low-rank width (--q-lora-rank)"),
+    "kv_lora_rank": _int("MLA key/value low-rank width (--kv-lora-rank)"),
+    "qk_head_dim": _int("MLA non-rotary query/key head dim (--qk-head-dim)"),
+    "qk_pos_emb_head_dim": _int("MLA rotary head dim (--qk-pos-emb-head-dim)"),
+    "v_head_dim": _int("MLA value head dim (--v-head-dim)"),
+    "source": {**TEXT, "description": "where the figures come from"},
+    "notes": TEXT,
+}
+
+GROUP_PROPERTIES = {
+    "name": {**NAME, "description": "node group name (stages are placed on groups by name)"},
+    "nodes": _int("nodes in this group"),
+    "gpus_per_node": _int("GPUs per node"),
+    "gpu": {**NAME, "description": "bundled hardware profile name (planner gpus), or a profile YAML path"},
+    "nics_per_node": _int("scale-out NICs per node"),
+    "nic_bandwidth": {**BANDWIDTH, "description": "line rate of one NIC, e.g. '400 Gb/s'"},
+    "intra_node_bandwidth": {**BANDWIDTH, "description": "per GPU per direction on the scale-up fabric; "
+                                                         "default the profile's scale_up_bandwidth"},
+    "nic_latency": {**TIME, "description": "per message across nodes; default 5 us"},
+    "host_memory": {**SIZE, "description": "host DRAM per node (for optimizer offload)"},
+}
+INTERCONNECT_PROPERTIES = {
+    "between": {"type": "array", "items": NAME, "minItems": 2, "maxItems": 2,
+                "description": "the two node groups this link joins"},
+    "bandwidth": {**BANDWIDTH, "description": "per node, per direction, between the groups"},
+    "latency": TIME,
+}
+CLUSTER_PROPERTIES = {
+    "name": {**NAME, "description": "cluster name"},
+    "node_groups": {"type": "array", "minItems": 1,
+                    "items": {"type": "object", "properties": GROUP_PROPERTIES, "additionalProperties": False,
+                              "required": sorted(REQUIRED_GROUP_FIELDS)}},
+    "interconnect": {"type": "array",
+                     "items": {"type": "object", "properties": INTERCONNECT_PROPERTIES,
+                               "additionalProperties": False, "required": sorted(REQUIRED_INTERCONNECT_FIELDS)}},
+    "source": TEXT,
+    "notes": TEXT,
+}
+
+EFFICIENCY_PROPERTIES = {
+    "matmul": _fraction("large-GEMM achieved / peak tensor TFLOP/s"),
+    "memory_bandwidth": _fraction("streaming kernels achieved / peak HBM bandwidth"),
+    "kernel_overhead": {**TIME, "description": "fixed cost per kernel (launch + tail wave)"},
+    "scale_up": _fraction("NCCL bus bandwidth / scale-up link rate"),
+    "network": _fraction("NCCL bus bandwidth / NIC line rate"),
+    "flash_attention": _fraction("fused attention achieved / peak TFLOP/s"),
+}
+PROFILE_PROPERTIES = {
+    "name": {**NAME, "description": "profile name"},
+    "vendor": TEXT,
+    "memory": {**SIZE, "description": "device memory as marketed"},
+    "memory_bandwidth": {**BANDWIDTH, "description": "peak HBM bandwidth"},
+    "peak_tflops": {"type": "object", "additionalProperties": False, "minProperties": 1,
+                    "properties": {d: {"type": "number", "exclusiveMinimum": 0} for d in DTYPES},
+                    "description": "dense tensor-core peak per dtype, TFLOP/s, no sparsity"},
+    "scale_up_bandwidth": {**BANDWIDTH, "description": "per GPU, per direction (NVLink / xGMI / PCIe peer)"},
+    "scale_up_latency": TIME,
+    "pcie_bandwidth": {**BANDWIDTH, "description": "host link, per direction"},
+    "memory_reserve": {**SIZE, "description": "memory a training process can never use (context, NCCL, workspaces)"},
+    "fragmentation_fraction": {"type": "number", "minimum": 0, "maximum": 0.5,
+                               "description": "caching-allocator fragmentation allowance"},
+    "efficiency": {"type": "object", "properties": EFFICIENCY_PROPERTIES, "additionalProperties": False,
+                   "required": sorted(EFF_FIELDS)},
+    "source": TEXT,
+    "uncertain": {"type": "array", "items": TEXT, "description": "fields not measured, only estimated"},
+    "notes": TEXT,
+}
+
+
+def _document(title: str, properties: dict, required) -> dict:
+    return {"$schema": "https://json-schema.org/draft/2020-12/schema", "title": title, "type": "object",
+            "properties": properties, "required": sorted(required), "additionalProperties": False}
+
+
+def schema(kind: str) -> dict:
+    """The JSON Schema of a spec kind: model | cluster | profile."""
+    if kind == "model":
+        return _document("planner model spec", MODEL_PROPERTIES, REQUIRED_MODEL_FIELDS)
+    if kind == "cluster":
+        return _document("planner cluster spec", CLUSTER_PROPERTIES, REQUIRED_CLUSTER_FIELDS)
+    if kind == "profile":
+        return _document("planner hardware profile", PROFILE_PROPERTIES, PROFILE_REQUIRED_FIELDS)
+    raise KeyError(kind)
+
