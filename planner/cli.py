@@ -14,8 +14,10 @@ from .errors import InvalidStrategy, PlannerError, SpecError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Auto-parallel planner for large-model training (Megatron-LM).")
-console = Console()
-err_console = Console(stderr=True)
+# Piped output (CI logs, files) gets a wide fixed width instead of rich's 80 columns, so tables
+# do not fold; messages never wrap: an error is one line.
+console = Console(width=None if sys.stdout.isatty() else int(os.environ.get("COLUMNS") or 160))
+err_console = Console(stderr=True, soft_wrap=True)
 _DEBUG = {"on": False}
 
 
@@ -76,7 +78,14 @@ def schema(kind: str = typer.Argument(..., help="model | cluster | profile")):
 def _strategy_from_options(model, cluster, tp, pp, dp, cp, ep, etp, vpp, mbs, gbs, seq, recompute,
                            recompute_num_layers, sp, zero, precision, schedule, layers_per_stage,
                            stage_groups, offload):
-    from .strategy import Strategy
+    from .strategy import PRECISIONS, RECOMPUTE, SCHEDULES, Strategy
+    from .yamlio import suggest
+    for flag, value, choices in (("--precision", precision, PRECISIONS), ("--recompute", recompute, RECOMPUTE),
+                                 ("--schedule", schedule, SCHEDULES + (None,)), ("--zero", zero, (0, 1, 2, 3))):
+        if value not in choices:
+            shown = [str(c) for c in choices if c is not None]
+            raise SpecError(flag, None, f"found {value!r}, expected one of {', '.join(shown)}"
+                            f"{suggest(str(value), shown)}")
     if dp is None:
         n = cluster.num_gpus
         if n % (tp * pp * cp):
@@ -119,6 +128,8 @@ def estimate(
     layers_per_stage: Optional[str] = typer.Option(None, "--layers-per-stage"),
     stage_groups: Optional[str] = typer.Option(None, "--stage-groups", help="Node group per stage, comma-separated."),
     offload_optimizer: bool = typer.Option(False, "--offload-optimizer"),
+    explain: bool = typer.Option(False, "--explain", help="Memory bars, step-time parts, the link bounding each collective."),
+    plot: Optional[str] = typer.Option(None, "--plot", help="Folder for timeline.png and memory.png (needs the plot extra)."),
     as_json: bool = typer.Option(False, "--json"),
 ):
     """Memory, communication and step time of one configuration."""
@@ -145,7 +156,24 @@ def estimate(
         _print_json(estimate_to_dict(e))
     else:
         render_estimate(e, console)
+        if explain:
+            from .emit.explain import render_explain
+            render_explain(e, console)
+    if plot:
+        _write_plots(plot, e, None, as_json)
     raise typer.Exit(0 if e.fits else 1)
+
+
+def _write_plots(folder: str, e, priced, quiet: bool) -> None:
+    from pathlib import Path
+
+    from .emit import plots
+    out = [plots.timeline(e, Path(folder) / "timeline.png"), plots.memory(e, Path(folder) / "memory.png")]
+    if priced:
+        out.append(plots.candidates(priced, Path(folder) / "candidates.png"))
+    if not quiet:
+        for f in out:
+            console.print(f"wrote {f}", markup=False)
 
 
 def _parse_fix(items: list[str]) -> tuple:
@@ -179,6 +207,8 @@ def plan(
     emit: Optional[str] = typer.Option(None, "--emit", help="megatron: write launch files"),
     out: Optional[str] = typer.Option(None, "--out", help="Folder for --emit"),
     force: bool = typer.Option(False, "--force", help="Overwrite an existing --out folder"),
+    explain: bool = typer.Option(False, "--explain", help="Explain the top plan and why it beats the runner-up."),
+    plot: Optional[str] = typer.Option(None, "--plot", help="Folder for timeline, memory and candidates PNGs (plot extra)."),
     as_json: bool = typer.Option(False, "--json"),
 ):
     """Search the best DP/TP/PP/CP/EP layout, micro-batch, recompute, ZeRO and stage split."""
@@ -242,6 +272,14 @@ def plan(
         _render_plans(res, m, c, search_info)
         for w in written:
             console.print(f"wrote {w}")
+        if explain:
+            from .emit.explain import render_difference, render_explain
+            console.print("\n[bold]Plan #1[/]")
+            render_explain(res.plans[0], console)
+            if len(res.plans) > 1:
+                render_difference(res.plans[0], res.plans[1], console)
+    if plot:
+        _write_plots(plot, res.plans[0], res.priced_estimates, as_json)
     raise typer.Exit(0)
 
 
@@ -309,6 +347,57 @@ def _report_no_fit(res, m, c, as_json, info) -> None:
         _print_json(msg)
     else:
         err_console.print(f"error: {text}", markup=False)
+
+
+@app.command()
+def compare(
+    plan_a: str = typer.Argument(..., help="Plan JSON (plan --json, or plan.json from --emit) or Megatron launch file"),
+    plan_b: str = typer.Argument(..., help="The same, for the other plan"),
+    cluster: str = typer.Option(..., "--cluster"),
+    model: Optional[str] = typer.Option(None, "--model", help="Default: the model the files name"),
+    as_json: bool = typer.Option(False, "--json"),
+):
+    """Two plans (or launches) side by side on one cluster, and the terms that differ."""
+    from .emit.check import load_plan_or_launch
+    from .emit.explain import differing_terms, render_difference, time_terms
+    from .emit.report import estimate_to_dict
+    from .estimate import estimate as run_estimate
+    from .library import load_cluster_ref
+    c = load_cluster_ref(cluster)
+    ests = []
+    for f in (plan_a, plan_b):
+        m, s = load_plan_or_launch(f, c, model)
+        ests.append(run_estimate(m, c, s))
+    a, b = ests
+    if as_json:
+        _print_json({"a": estimate_to_dict(a), "b": estimate_to_dict(b),
+                     "differing_terms": [{"term": k, "a_s": va, "b_s": vb} for k, va, vb in differing_terms(a, b)]})
+        raise typer.Exit(0)
+    from rich.table import Table
+    t = Table(title=f"{plan_a} vs {plan_b} on {c.name}")
+    t.add_column("")
+    t.add_column("A", justify="right")
+    t.add_column("B", justify="right")
+    rows = [("model", a.model.name, b.model.name)]
+    for label, key in (("tp", "tp"), ("pp", "pp"), ("dp", "dp"), ("cp", "cp"), ("ep", "ep"), ("vpp", "vpp"),
+                       ("micro batch", "micro_batch_size"), ("recompute", "recompute"), ("zero", "zero_stage"),
+                       ("schedule", "schedule"), ("precision", "precision")):
+        rows.append((label, str(getattr(a.strategy, key)), str(getattr(b.strategy, key))))
+    rows.append(("layers/stage", _compress([str(x) for x in a.strategy.stage_layers(a.model)]),
+                 _compress([str(x) for x in b.strategy.stage_layers(b.model)])))
+    rows.append(("peak GiB / usable", f"{a.peak_memory.total / 2**30:.1f} / {a.peak_memory.capacity / 2**30:.1f}",
+                 f"{b.peak_memory.total / 2**30:.1f} / {b.peak_memory.capacity / 2**30:.1f}"))
+    rows.append(("fits", str(a.fits), str(b.fits)))
+    rows.append(("step s", f"{a.step_time_s:.3f}", f"{b.step_time_s:.3f}"))
+    for k in dict.fromkeys(list(time_terms(a)) + list(time_terms(b))):
+        rows.append((f"  {k} s", f"{time_terms(a).get(k, 0.0):.3f}", f"{time_terms(b).get(k, 0.0):.3f}"))
+    rows.append(("tokens/s", f"{a.tokens_per_s:,.0f}", f"{b.tokens_per_s:,.0f}"))
+    rows.append(("MFU", f"{a.mfu * 100:.1f}%", f"{b.mfu * 100:.1f}%"))
+    for r in rows:
+        t.add_row(*r)
+    console.print(t)
+    render_difference(a, b, console, "A", "B")
+    raise typer.Exit(0)
 
 
 @app.command()

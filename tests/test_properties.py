@@ -55,3 +55,45 @@ def test_step_time_never_beats_compute_and_json_is_deterministic(tp, pp, mbs, re
     a = json.dumps(estimate_to_dict(e), sort_keys=True)
     b = json.dumps(estimate_to_dict(estimate(LLAMA, CLUSTER, s)), sort_keys=True)
     assert a == b
+
+
+_PLAN_DOC = None
+
+
+def _plan_doc():
+    global _PLAN_DOC
+    if _PLAN_DOC is None:
+        s = Strategy(tp=2, pp=2, dp=16, vpp=2, micro_batch_size=1, global_batch_size=128, seq_length=4096)
+        _PLAN_DOC = estimate_to_dict(estimate(LLAMA, CLUSTER, s))
+    return json.loads(json.dumps(_PLAN_DOC))
+
+
+_JUNK = st.one_of(st.none(), st.booleans(), st.integers(-5, 10**12), st.floats(allow_nan=True),
+                  st.text(max_size=6), st.lists(st.integers(), max_size=3), st.dictionaries(st.text(max_size=3), st.integers(), max_size=2))
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(st.tuples(st.sampled_from(["plan", "stage", "drop"]), st.integers(0, 40), _JUNK), min_size=1, max_size=4))
+def test_plan_json_mutations_never_crash(tmp_path_factory, mutations):
+    """#7: a hand-edited plan JSON is either accepted or refused with SpecError (exit 2) or
+    InvalidStrategy (exit 1): never another exception."""
+    from planner.emit.check import strategy_from_plan_json
+    from planner.errors import InvalidStrategy
+    doc = _plan_doc()
+    plan = doc["plan"]
+    keys = sorted(k for k in plan if k != "stages")
+    for where, k, junk in mutations:
+        if where == "plan":
+            plan[keys[k % len(keys)]] = junk
+        elif where == "stage":
+            st_ = plan["stages"][k % len(plan["stages"])]
+            st_[sorted(st_)[k % len(st_)]] = junk
+        else:
+            plan.pop(keys[k % len(keys)], None)
+    f = tmp_path_factory.mktemp("plan") / "plan.json"
+    f.write_text(json.dumps(doc))
+    try:
+        s = strategy_from_plan_json(str(f))
+        estimate(LLAMA, CLUSTER, s)
+    except (SpecError, InvalidStrategy):
+        pass

@@ -1,4 +1,5 @@
 import json
+import os
 import subprocess
 import sys
 
@@ -110,3 +111,29 @@ def test_plan_reports_when_nothing_fits():
     assert r.returncode == 1
     doc = json.loads(r.stdout)
     assert doc["plans"] == [] and doc["closest"]["short_bytes"] > 0
+
+
+def test_emitted_launch_files_pass_the_gate_as_written(tmp_path):
+    """The CI gate reads what `plan --emit` writes: launch.sh with its NNODES=${NNODES:-n}
+    defaults and "$@" pass-through, and megatron.args without a world size (the cluster's)."""
+    out = tmp_path / "out"
+    r = _cli("plan", "--model", "llama3-8b", "--cluster", "dgx-h100-x16", "--global-batch-size", "128",
+             "--seq-length", "4096", "--fix", "pp=2", "--emit", "megatron", "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    env = {k: v for k, v in os.environ.items() if k not in ("NNODES", "GPUS_PER_NODE", "MASTER_ADDR", "NODE_RANK")}
+    for name in ("launch.sh", "megatron.args"):
+        r = _cli("check", "--cluster", "dgx-h100-x16", "--megatron-args", str(out / "plan-1" / name), "--json", env=env)
+        assert r.returncode == 0, (name, r.stdout, r.stderr)
+        assert json.loads(r.stdout)["fits"] is True
+
+
+def test_shell_defaults_and_assignments_in_launch_scripts():
+    text = ('NNODES=${NNODES:-2}\nGPUS=8\nexport CUDA_DEVICE_MAX_CONNECTIONS=1\n'
+            'torchrun --nnodes "$NNODES" --nproc-per-node $GPUS pretrain_gpt.py --num-layers 4 --hidden-size 256 '
+            '--num-attention-heads 8 --seq-length 128 --max-position-embeddings 128 --vocab-size 1000 '
+            '--micro-batch-size 1 --global-batch-size ${GBS-32} "$@"')
+    launch = parse_text(text, "x.sh", env={})
+    assert launch.world_size == 16 and launch.strategy.global_batch_size == 32
+    assert parse_text(text, "x.sh", env={"NNODES": "4", "GBS": "64"}).world_size == 32
+    with pytest.raises(SpecError, match="MB"):
+        parse_text(text.replace("--micro-batch-size 1", "--micro-batch-size $MB"), "x.sh", env={})

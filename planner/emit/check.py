@@ -17,43 +17,119 @@ def _annotate(kind: str, msg: str, file: str | None) -> None:
         print(f"::{kind}{loc}::{msg}")
 
 
+# field -> default (None: required; "none": optional, null allowed)
+_PLAN_INTS = {"tensor_model_parallel_size": None, "pipeline_model_parallel_size": None, "data_parallel_size": None,
+              "context_parallel_size": 1, "expert_model_parallel_size": 1, "expert_tensor_parallel_size": "none",
+              "virtual_pipeline_model_parallel_size": 1, "micro_batch_size": None, "global_batch_size": None,
+              "seq_length": None, "recompute_num_layers": "none", "zero_stage": 1}
+_PLAN_BOOLS = {"sequence_parallel": False, "overlap_grad_reduce": True, "overlap_param_gather": True,
+               "offload_optimizer": False}
+_PLAN_STRS = {"recompute": "none", "precision": "bf16", "schedule": "1f1b"}
+# plan JSON values are bounded like spec values: no degree or batch beyond this
+_PLAN_MAX_INT = 10**8
+
+
 def strategy_from_plan_json(path: str) -> Strategy:
+    """The strategy of a plan JSON (`planner plan --json`, or plan.json from --emit); every
+    field type-checked, so that a hand-edited file fails with the field's name (exit 2)."""
     from ..yamlio import load_file
     doc = load_file(path)
     if isinstance(doc, dict) and "plans" in doc:
-        if not doc["plans"]:
-            raise SpecError(path, "plans", "empty: no plan to check")
+        if not isinstance(doc["plans"], list) or not doc["plans"]:
+            raise SpecError(path, "plans", "empty or not a list: no plan to check")
         doc = doc["plans"][0]
     if not isinstance(doc, dict) or not isinstance(doc.get("plan"), dict):
         raise SpecError(path, "plan", "expected a plan object as written by `planner plan --json`")
     p = doc["plan"]
+    v: dict = {}
+    for key, default in _PLAN_INTS.items():
+        x = p.get(key, default)
+        if default == "none" and x in (None, "none"):   # optional: null means unset
+            v[key] = None
+            continue
+        if x is None:
+            raise SpecError(path, f"plan.{key}", "required field is missing")
+        if isinstance(x, bool) or not isinstance(x, int) or not 0 <= x <= _PLAN_MAX_INT:
+            raise SpecError(path, f"plan.{key}", f"found {x!r}, expected an integer in [0, {_PLAN_MAX_INT}]")
+        v[key] = x
+    for key, default in _PLAN_BOOLS.items():
+        x = p.get(key, default)
+        if not isinstance(x, bool):
+            raise SpecError(path, f"plan.{key}", f"found {x!r}, expected true or false")
+        v[key] = x
+    for key, default in _PLAN_STRS.items():
+        x = p.get(key, default)
+        if not isinstance(x, str):
+            raise SpecError(path, f"plan.{key}", f"found {x!r}, expected a string")
+        v[key] = x
+    stages = p.get("stages") or []
+    if not isinstance(stages, list) or not all(isinstance(x, dict) for x in stages):
+        raise SpecError(path, "plan.stages", "expected a list of stage objects")
+    layers = None
+    if stages:
+        layers = tuple(x.get("layers") for x in stages)
+        if not all(isinstance(n, int) and not isinstance(n, bool) and 0 < n <= _PLAN_MAX_INT for n in layers):
+            raise SpecError(path, "plan.stages[].layers", f"found {list(layers)!r}, expected positive integers")
+    groups = None
+    if stages and all(isinstance(x.get("node_group"), str) and "+" not in x["node_group"] for x in stages):
+        groups = tuple(x["node_group"] for x in stages)
+    return Strategy(
+        tp=v["tensor_model_parallel_size"], pp=v["pipeline_model_parallel_size"], dp=v["data_parallel_size"],
+        cp=v["context_parallel_size"], ep=v["expert_model_parallel_size"], etp=v["expert_tensor_parallel_size"],
+        vpp=v["virtual_pipeline_model_parallel_size"], micro_batch_size=v["micro_batch_size"],
+        global_batch_size=v["global_batch_size"], seq_length=v["seq_length"], recompute=v["recompute"],
+        recompute_num_layers=v["recompute_num_layers"], sequence_parallel=v["sequence_parallel"],
+        zero_stage=v["zero_stage"], precision=v["precision"], schedule=v["schedule"], layers_per_stage=layers,
+        stage_node_groups=groups, overlap_grad_reduce=v["overlap_grad_reduce"],
+        overlap_param_gather=v["overlap_param_gather"], offload_optimizer=v["offload_optimizer"])
+
+
+def load_launch(path: str, cluster, model_ref, world_size=None):
+    """A Megatron launch file -> (launch, model, strategy). Without torchrun sizes (or with
+    --world-size) the world is the given size, else the whole cluster, and dp follows."""
+    from dataclasses import replace
+
+    from ..library import load_model_ref
+    from .megatron_parse import parse_file
+
+    launch = parse_file(path, dict(os.environ), default_world_size=world_size or cluster.num_gpus)
+    if launch.world_size is None or world_size:
+        launch = replace(launch, world_size=world_size or cluster.num_gpus)
+        ws = launch.world_size
+        tp, pp, cp = launch.raw.get("tp", 1), launch.raw.get("pp", 1), launch.raw.get("cp", 1)
+        if ws % (tp * pp * cp) == 0:
+            launch = replace(launch, strategy=replace(launch.strategy, dp=ws // (tp * pp * cp)))
+    model = load_model_ref(model_ref) if model_ref else launch.model
+    return launch, model, launch.strategy
+
+
+def load_plan_or_launch(path: str, cluster, model_ref):
+    """`planner compare` inputs: a plan JSON (plan --json output, or plan.json from --emit) or
+    a Megatron launch file -> (model, strategy)."""
+    from ..library import load_model_ref
+
+    text_head = ""
     try:
-        stages = p.get("stages") or []
-        return Strategy(
-            tp=p["tensor_model_parallel_size"], pp=p["pipeline_model_parallel_size"],
-            dp=p["data_parallel_size"], cp=p.get("context_parallel_size", 1),
-            ep=p.get("expert_model_parallel_size", 1), etp=p.get("expert_tensor_parallel_size"),
-            vpp=p.get("virtual_pipeline_model_parallel_size", 1), micro_batch_size=p["micro_batch_size"],
-            global_batch_size=p["global_batch_size"], seq_length=p["seq_length"],
-            recompute=p.get("recompute", "none"), recompute_num_layers=p.get("recompute_num_layers"),
-            sequence_parallel=p.get("sequence_parallel", False), zero_stage=p.get("zero_stage", 1),
-            precision=p.get("precision", "bf16"), schedule=p.get("schedule", "1f1b"),
-            layers_per_stage=tuple(x["layers"] for x in stages) if stages else None,
-            stage_node_groups=tuple(x["node_group"] for x in stages) if stages and all(
-                "node_group" in x and "+" not in x["node_group"] for x in stages) else None,
-            overlap_grad_reduce=p.get("overlap_grad_reduce", True),
-            overlap_param_gather=p.get("overlap_param_gather", True),
-            offload_optimizer=p.get("offload_optimizer", False))
-    except KeyError as exc:
-        raise SpecError(path, f"plan.{exc.args[0]}", "required field is missing") from None
-    except TypeError as exc:
-        raise SpecError(path, "plan", f"malformed: {exc}") from None
+        with open(path, encoding="utf-8") as fh:
+            text_head = fh.read(4096).lstrip()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SpecError(path, None, f"cannot read: {exc}") from None
+    if text_head.startswith("{"):
+        from ..yamlio import load_file
+        doc = load_file(path)
+        name = None
+        if isinstance(doc, dict) and isinstance(doc.get("model"), dict):
+            name = doc["model"].get("name")
+        if not model_ref and not isinstance(name, str):
+            raise SpecError("--model", None, f"required: {path} does not name its model")
+        return load_model_ref(model_ref or name), strategy_from_plan_json(path)
+    _, model, strategy = load_launch(path, cluster, model_ref)
+    return model, strategy
 
 
 def run_check(cluster_ref, megatron_args, plan_file, model_ref, world_size, as_json, console, err_console) -> int:
     from ..estimate import estimate
     from ..library import load_cluster_ref, load_model_ref
-    from .megatron_parse import parse_file
     from .megatron_rules import megatron_violations
 
     if bool(megatron_args) == bool(plan_file):
@@ -62,19 +138,9 @@ def run_check(cluster_ref, megatron_args, plan_file, model_ref, world_size, as_j
     src = megatron_args or plan_file
     result = {"file": src, "valid": True, "fits": None, "violations": [], "stages": []}
     if megatron_args:
-        env = dict(os.environ)
-        launch = parse_file(megatron_args, env)
-        if launch.world_size is None or world_size:
-            from dataclasses import replace
-            launch = replace(launch, world_size=world_size or cluster.num_gpus)
-            ws = launch.world_size
-            tp, pp, cp = launch.raw.get("tp", 1), launch.raw.get("pp", 1), launch.raw.get("cp", 1)
-            if ws % (tp * pp * cp) == 0:
-                launch = replace(launch, strategy=replace(launch.strategy, dp=ws // (tp * pp * cp)))
-        model = load_model_ref(model_ref) if model_ref else launch.model
+        launch, model, strategy = load_launch(megatron_args, cluster, model_ref, world_size)
         viol = megatron_violations(launch, model)
         result["ignored_flags"] = list(launch.ignored)
-        strategy = launch.strategy
     else:
         if not model_ref:
             raise SpecError("--model", None, "required with --plan")

@@ -99,20 +99,29 @@ class MegatronLaunch:
     source: str
 
 
-_VAR = re.compile(r"\$(?:\{([A-Za-z_][A-Za-z0-9_]*)\}|([A-Za-z_][A-Za-z0-9_]*))")
+# $NAME, ${NAME}, ${NAME:-default} / ${NAME-default} (shell default values)
+_VAR = re.compile(r"\$(?:\{([A-Za-z_][A-Za-z0-9_]*)(?::?-([^}]*))?\}|([A-Za-z_][A-Za-z0-9_]*))")
+_ASSIGN = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)=(.*)", re.S)
 
 
-def _expand(text: str, source: str, env: dict) -> str:
+def _expand(text: str, source: str, env: dict, strict: bool = True) -> str:
     def sub(m):
-        name = m.group(1) or m.group(2)
-        if name not in env:
-            raise SpecError(source, name, "environment variable is not set; set it or write the value")
-        return env[name]
+        name = m.group(1) or m.group(3)
+        if name in env:
+            return env[name]
+        if m.group(2) is not None:
+            return m.group(2)
+        if not strict:
+            return m.group(0)
+        raise SpecError(source, name, "environment variable is not set; set it or write the value")
     return _VAR.sub(sub, text)
 
 
 def tokenize(text: str, source: str, env: dict | None = None) -> list[str]:
-    env = dict(os.environ) if env is None else env
+    """Shell words of a launch script, variables expanded. Assignments before the training
+    script (NNODES=${NNODES:-8}, export X=1) define variables for the words after them; words
+    before the launcher line are not needed, so their unknown variables are not an error."""
+    env = dict(os.environ) if env is None else dict(env)
     text = text.replace("\\\r\n", " ").replace("\\\n", " ")   # backslash continuations
     try:
         lex = shlex.shlex(text, posix=True)
@@ -121,7 +130,15 @@ def tokenize(text: str, source: str, env: dict | None = None) -> list[str]:
         words = list(lex)
     except ValueError as exc:
         raise SpecError(source, None, f"cannot split into shell words: {exc}") from None
-    return [_expand(w, source, env) for w in words]
+    script = max((i for i, w in enumerate(words) if w.endswith(".py")), default=None)
+    out = []
+    for i, w in enumerate(words):
+        before = script is not None and i < script
+        m = _ASSIGN.fullmatch(w) if before else None
+        if m:
+            env[m.group(1)] = _expand(m.group(2), source, env, strict=False)
+        out.append(_expand(w, source, env, strict=not before))
+    return out
 
 
 def _strip_launcher(words: list[str]) -> tuple[list[str], int | None]:
@@ -162,7 +179,9 @@ def _convert(kind: str, flag: str, value: str, source: str):
     return value
 
 
-def parse_words(words: list[str], source: str, name: str = "megatron-launch") -> MegatronLaunch:
+def parse_words(words: list[str], source: str, name: str = "megatron-launch",
+                default_world_size: int | None = None) -> MegatronLaunch:
+    """`default_world_size`: the world when neither torchrun sizes nor --world-size are given."""
     words, world = _strip_launcher(words)
     raw: dict = {}
     ignored: list[str] = []
@@ -170,6 +189,9 @@ def parse_words(words: list[str], source: str, name: str = "megatron-launch") ->
     table = {**MODEL_FLAGS, **STRATEGY_FLAGS}
     while i < len(words):
         w = words[i]
+        if w in ("$@", "$*"):   # the script's own arguments (data paths, tokenizer), passed through
+            i += 1
+            continue
         if not w.startswith("--"):
             raise SpecError(source, w, "expected a --flag (stray word)")
         flag, eq, inline = w.partition("=")
@@ -197,14 +219,15 @@ def parse_words(words: list[str], source: str, name: str = "megatron-launch") ->
         if not eq:
             while i < len(words) and not words[i].startswith("--"):
                 i += 1
-    return _build(raw, tuple(ignored), world, source, name)
+    return _build(raw, tuple(ignored), world, source, name, default_world_size)
 
 
-def parse_text(text: str, source: str, env: dict | None = None) -> MegatronLaunch:
-    return parse_words(tokenize(text, source, env), source, name=Path(source).stem or "launch")
+def parse_text(text: str, source: str, env: dict | None = None, default_world_size: int | None = None) -> MegatronLaunch:
+    return parse_words(tokenize(text, source, env), source, name=Path(source).stem or "launch",
+                       default_world_size=default_world_size)
 
 
-def parse_file(path: str | Path, env: dict | None = None) -> MegatronLaunch:
+def parse_file(path: str | Path, env: dict | None = None, default_world_size: int | None = None) -> MegatronLaunch:
     p = Path(path)
     if not p.is_file():
         raise SpecError(str(path), None, "file not found")
@@ -214,7 +237,7 @@ def parse_file(path: str | Path, env: dict | None = None) -> MegatronLaunch:
         raise SpecError(str(path), None, f"cannot read as UTF-8 text: {exc}") from None
     if len(text) > 1_000_000:
         raise SpecError(str(path), None, "larger than 1 MB; not a launch file")
-    return parse_text(text, str(path), env)
+    return parse_text(text, str(path), env, default_world_size)
 
 
 def layout_stage_layers(layout: str, pp: int, source: str) -> tuple[list[int], int]:
@@ -239,7 +262,8 @@ def layout_stage_layers(layout: str, pp: int, source: str) -> tuple[list[int], i
     return per_rank, v
 
 
-def _build(raw: dict, ignored: tuple[str, ...], world: int | None, source: str, name: str) -> MegatronLaunch:
+def _build(raw: dict, ignored: tuple[str, ...], world: int | None, source: str, name: str,
+           default_world_size: int | None = None) -> MegatronLaunch:
     mdict = {"name": name}
     for flag, (kind, dest) in MODEL_FLAGS.items():
         if dest in raw:
@@ -259,7 +283,7 @@ def _build(raw: dict, ignored: tuple[str, ...], world: int | None, source: str, 
     tp = raw.get("tp", 1)
     pp = raw.get("pp", 1)
     cp = raw.get("cp", 1)
-    ws = raw.get("world_size") or world
+    ws = raw.get("world_size") or world or default_world_size
     if ws is None:
         raise SpecError(source, "world size", "unknown: give torchrun --nnodes/--nproc-per-node in the "
                         "file, or --world-size to the planner")

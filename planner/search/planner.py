@@ -75,6 +75,7 @@ class SearchResult:
     warnings: list = field(default_factory=list)
     closest: Estimate | None = None
     idle_groups: list = field(default_factory=list)
+    priced_estimates: list = field(default_factory=list)   # every estimate made (for the scatter plot)
 
 
 def _divisors(n: int) -> list[int]:
@@ -631,6 +632,7 @@ def _price(model, cluster, s: Strategy, solver: str, res: SearchResult):
     except InvalidStrategy:
         return None, None
     res.priced += 1
+    res.priced_estimates.append(e)
     best = e if e.fits else None
     s2, used = refine_partition(model, cluster, s, e, solver, res.warnings)
     if used != "none":
@@ -640,6 +642,8 @@ def _price(model, cluster, s: Strategy, solver: str, res: SearchResult):
             e2 = estimate(model, cluster, s2)
         except InvalidStrategy:
             e2 = None
+        if e2 is not None:
+            res.priced_estimates.append(e2)
         if e2 is not None and e2.fits and (best is None or e2.step_time_s < best.step_time_s):
             best = e2
     if best is not None:

@@ -1,0 +1,114 @@
+"""`--explain`: what a plan's memory and step time are made of, which link bounds each
+collective, and which terms make one plan beat another."""
+
+from __future__ import annotations
+
+from ..estimate import Estimate
+
+GIB = 2**30
+BAR_WIDTH = 30
+STATES = ("parameters", "gradients", "optimizer", "activations", "buffers")
+STATE_MARKS = {"parameters": ("P", "blue"), "gradients": ("G", "yellow"), "optimizer": ("O", "green"),
+               "activations": ("A", "red"), "buffers": ("B", "magenta")}
+
+
+def memory_bar(mem) -> str:
+    """A rich-markup bar of one stage's memory by state, scaled to its usable capacity
+    (BAR_WIDTH characters = capacity; an overflow shows past a '|')."""
+    out, used = [], 0
+    for state in STATES:
+        n = round(getattr(mem, state) / mem.capacity * BAR_WIDTH)
+        ch, color = STATE_MARKS[state]
+        out.append(f"[{color}]{ch * n}[/]")
+        used += n
+    bar = "".join(out)
+    if used < BAR_WIDTH:
+        bar += "." * (BAR_WIDTH - used) + "|"
+    else:
+        bar += "|"   # already past capacity
+    return bar
+
+
+def time_terms(e: Estimate) -> dict[str, float]:
+    """The step time by part (seconds): compute of the critical stage, exposed communication
+    per axis, pipeline bubble, optimizer step. They add up to the step time."""
+    b = e.breakdown
+    terms = {"compute": b["compute"]}
+    for axis, v in b["exposed_communication_by_axis"].items():
+        terms[f"exposed {axis}"] = v
+    terms["bubble"] = b["bubble"]
+    terms["optimizer"] = b["optimizer"]
+    return terms
+
+
+def collectives(e: Estimate) -> list[dict]:
+    """The communication ledger grouped by (axis, kind, link), per step."""
+    rows: dict = {}
+    for c in e.communication:
+        key = (c.axis, c.kind, c.link)
+        r = rows.setdefault(key, {"axis": c.axis, "kind": c.kind, "link": c.link, "count": 0.0, "bytes": c.bytes,
+                                  "group_size": c.group_size, "time_s": 0.0, "exposed_s": 0.0, "stages": set()})
+        r["count"] += c.count_per_step
+        r["time_s"] += c.time_s
+        r["exposed_s"] += c.exposed_s
+        r["bytes"] = max(r["bytes"], c.bytes)
+        r["stages"].add(c.stage)
+    return sorted(rows.values(), key=lambda r: -r["time_s"])
+
+
+def differing_terms(a: Estimate, b: Estimate) -> list[tuple[str, float, float]]:
+    """(term, a, b) for the step-time terms and peak memory, largest difference first."""
+    ta, tb = time_terms(a), time_terms(b)
+    rows = [(k, ta.get(k, 0.0), tb.get(k, 0.0)) for k in dict.fromkeys(list(ta) + list(tb))]
+    rows = [r for r in rows if abs(r[1] - r[2]) > 1e-9 * max(a.step_time_s, b.step_time_s)]
+    return sorted(rows, key=lambda r: -abs(r[1] - r[2]))
+
+
+def strategy_line(e: Estimate) -> str:
+    s = e.strategy
+    return (f"tp={s.tp} pp={s.pp} dp={s.dp} cp={s.cp} ep={s.ep} vpp={s.vpp} mbs={s.micro_batch_size} "
+            f"recompute={s.recompute} zero={s.zero_stage} {s.schedule}")
+
+
+def render_explain(e: Estimate, console) -> None:
+    from rich.table import Table
+
+    t = Table(title="Memory per GPU by stage against usable capacity "
+                    "(P params, G grads, O optimizer, A activations, B buffers; | = capacity)")
+    for col in ("stage", "group", "layers", "GiB", "usable", "bar"):
+        t.add_column(col, justify="left" if col in ("group", "bar") else "right", no_wrap=True)
+    for m in e.memory:
+        t.add_row(str(m.stage), m.node_group, str(m.layers), f"{m.total / GIB:.1f}", f"{m.capacity / GIB:.1f}",
+                  memory_bar(m))
+    console.print(t)
+    terms = time_terms(e)
+    t2 = Table(title=f"Step time {e.step_time_s:.3f} s by part")
+    t2.add_column("part")
+    t2.add_column("seconds", justify="right")
+    t2.add_column("share", justify="right")
+    for k, v in terms.items():
+        t2.add_row(k, f"{v:.3f}", f"{v / e.step_time_s * 100:.1f}%")
+    console.print(t2)
+    t3 = Table(title="Collectives per step, summed over pipeline stages, and the link that bounds each")
+    for col in ("axis", "kind", "ranks", "MiB each", "count", "time s", "exposed s", "bounded by"):
+        t3.add_column(col, justify="left" if col in ("axis", "kind", "bounded by") else "right")
+    for r in collectives(e):
+        t3.add_row(r["axis"], r["kind"], str(r["group_size"]), f"{r['bytes'] / 2**20:.1f}", f"{r['count']:g}",
+                   f"{r['time_s']:.3f}", f"{r['exposed_s']:.3f}", r["link"])
+    console.print(t3)
+
+
+def render_difference(a: Estimate, b: Estimate, console, label_a: str = "#1", label_b: str = "#2") -> None:
+    from rich.table import Table
+
+    console.print(f"\n[bold]{label_a} ({a.step_time_s:.3f} s) vs {label_b} ({b.step_time_s:.3f} s): "
+                  "the terms that differ[/]")
+    t = Table()
+    for col in ("term", label_a, label_b, f"{label_b} - {label_a}"):
+        t.add_column(col, justify="left" if col == "term" else "right")
+    for k, va, vb in differing_terms(a, b):
+        t.add_row(k, f"{va:.3f}", f"{vb:.3f}", f"{vb - va:+.3f}")
+    pa, pb = a.peak_memory, b.peak_memory
+    t.add_row("peak memory GiB", f"{pa.total / GIB:.1f}", f"{pb.total / GIB:.1f}", f"{(pb.total - pa.total) / GIB:+.1f}")
+    console.print(t)
+    console.print(f"{label_a}: {strategy_line(a)}\n{label_b}: {strategy_line(b)}", markup=False)

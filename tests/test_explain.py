@@ -1,0 +1,81 @@
+"""`--explain`, `--plot` and `planner compare`: what they print and write, as a user runs them."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from planner.emit.explain import collectives, differing_terms, time_terms
+from planner.emit.plots import pareto_front
+from planner.estimate import estimate
+from planner.library import load_cluster_ref, load_model_ref
+from planner.strategy import Strategy
+
+MODEL, CLUSTER = load_model_ref("llama3-8b"), load_cluster_ref("dgx-h100-x8")
+PLAN = ["plan", "--model", "llama3-8b", "--cluster", "dgx-h100-x8", "--global-batch-size", "128",
+        "--seq-length", "4096", "--fix", "tp=2", "--fix", "pp=2"]
+
+
+def _cli(*args):
+    return subprocess.run([sys.executable, "-m", "planner.cli", *args], capture_output=True, text=True)
+
+
+def test_time_terms_add_up_to_the_step_and_collectives_cover_the_ledger():
+    e = estimate(MODEL, CLUSTER, Strategy(tp=2, pp=2, dp=16, vpp=2, micro_batch_size=1, global_batch_size=128,
+                                          seq_length=4096, recompute="selective"))
+    assert sum(time_terms(e).values()) == pytest.approx(e.step_time_s, rel=1e-9)
+    rows = collectives(e)
+    assert sum(r["time_s"] for r in rows) == pytest.approx(sum(c.time_s for c in e.communication), rel=1e-12)
+    assert {r["axis"] for r in rows} >= {"tp", "pp", "dp"} and all(r["link"] for r in rows)
+
+
+def test_differing_terms_name_what_changed():
+    base = Strategy(tp=2, pp=2, dp=16, micro_batch_size=1, global_batch_size=128, seq_length=4096, recompute="none")
+    a = estimate(MODEL, CLUSTER, base)
+    b = estimate(MODEL, CLUSTER, base.with_(recompute="full"))
+    terms = dict((k, (va, vb)) for k, va, vb in differing_terms(a, b))
+    assert terms["compute"][1] > terms["compute"][0]       # full recompute re-runs the forward
+    assert differing_terms(a, a) == []
+
+
+def test_pareto_front():
+    pts = [(1.0, 10.0), (2.0, 20.0), (2.0, 15.0), (3.0, 18.0), (0.5, 5.0)]
+    assert pareto_front(pts) == [4, 0, 1]
+
+
+def test_plan_explain_prints_the_breakdowns():
+    r = _cli(*PLAN, "--explain")
+    assert r.returncode == 0, r.stderr
+    for title in ("Memory per GPU by stage", "Step time", "Collectives per step", "the terms that differ"):
+        assert title in r.stdout
+    assert "scale-up" in r.stdout or "NICs" in r.stdout
+
+
+def test_plot_writes_the_pictures(tmp_path):
+    pytest.importorskip("matplotlib")
+    r = _cli(*PLAN, "--plot", str(tmp_path / "pics"))
+    assert r.returncode == 0, r.stderr
+    for name in ("timeline.png", "memory.png", "candidates.png"):
+        data = (tmp_path / "pics" / name).read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000
+    r = _cli("estimate", "--model", "llama3-8b", "--cluster", "dgx-h100-x8", "--tp", "2", "--pp", "4",
+             "--schedule", "zb-h1", "--global-batch-size", "64", "--plot", str(tmp_path / "est"))
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "est" / "timeline.png").is_file() and not (tmp_path / "est" / "candidates.png").exists()
+
+
+def test_compare_two_plans_and_a_launch(tmp_path):
+    out = tmp_path / "out"
+    r = _cli(*PLAN, "--top", "2", "--emit", "megatron", "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    r = _cli("compare", str(out / "plan-1" / "plan.json"), str(out / "plan-2" / "megatron.args"),
+             "--cluster", "dgx-h100-x8", "--json")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["a"]["time"]["step_s"] <= doc["b"]["time"]["step_s"]
+    assert doc["a"]["plan"]["pipeline_model_parallel_size"] == 2
+    r = _cli("compare", str(out / "plan-1" / "plan.json"), str(out / "plan-2" / "plan.json"), "--cluster", "dgx-h100-x8")
+    assert r.returncode == 0 and "the terms that differ" in r.stdout
+    r = _cli("compare", str(out / "plan-1" / "plan.json"), str(tmp_path / "nope.json"), "--cluster", "dgx-h100-x8")
+    assert r.returncode == 2 and "Traceback" not in r.stderr and "nope.json" in r.stderr
