@@ -202,7 +202,7 @@ def plan(
     fix: Optional[List[str]] = typer.Option(None, "--fix", help="Pin a choice, e.g. --fix tp=8 --fix recompute=full"),
     precision: str = typer.Option("bf16", "--precision", help="bf16 | fp16 | fp8"),
     zero: str = typer.Option("0,1", "--zero-stages", help="ZeRO stages to consider (2, 3 = Megatron-FSDP)"),
-    solver: str = typer.Option("dp", "--solver", help="dp | ilp | ilp-highs (stage partition)"),
+    solver: str = typer.Option("dp", "--solver", help="dp | ilp | ilp-highs: stage-partition solver (the search always prices with the exact DP; ilp re-solves the top plans as an ILP)"),
     time_limit: float = typer.Option(120.0, "--time-limit", help="Seconds before the search stops with its best so far."),
     emit: Optional[str] = typer.Option(None, "--emit", help="megatron: write launch files"),
     out: Optional[str] = typer.Option(None, "--out", help="Folder for --emit"),

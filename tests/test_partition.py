@@ -55,7 +55,9 @@ def test_uniform_layers_greedy_path_matches_brute_force(seed):
     obj, split = brute(prob, multiple)
     dp = partition_dp(prob, multiple=multiple)
     if split is None:
-        assert dp.layers is None
+        assert dp.layers is None and partition_ilp(prob, multiple=multiple).layers is None
         return
     assert dp.objective == pytest.approx(obj, rel=1e-9)
     assert sum(dp.layers) == L and all(n % multiple == 0 for n in dp.layers) and prob.feasible(dp.layers)
+    ilp = partition_ilp(prob, multiple=multiple)   # the layer-count ILP of uniform layers
+    assert ilp.objective == pytest.approx(obj, rel=1e-6)

@@ -141,3 +141,21 @@ def test_large_inputs_stay_bounded():
     r = search(deep, load_cluster_ref("dgx-h100-x128"), SearchOptions(global_batch_size=1024, seq_length=4096, top=1))
     e = r.plans[0]
     assert r.status == "optimal" and e.fits and sum(e.strategy.stage_layers(deep)) == 1000
+
+
+def test_a_crashing_ilp_solver_falls_back_to_the_dp(monkeypatch):
+    """#7: --solver ilp whose solver fails still plans, warns, and says the DP ran."""
+    import planner.search.planner as P
+
+    def broken(*a, **k):
+        raise RuntimeError("solver binary missing")
+
+    monkeypatch.setattr(P, "partition_ilp", broken)
+    o = replace(OPTIONS, solver="ilp")
+    r = search(MODEL, MIXED, o)
+    assert r.plans and r.solver == "dp"
+    assert any("fell back to dynamic programming" in w for w in r.warnings)
+    monkeypatch.undo()
+    r2 = search(MODEL, MIXED, o)
+    assert r2.solver == "dp, checked by ilp-cbc" and not r2.warnings
+    assert r2.plans[0].step_time_s == pytest.approx(r.plans[0].step_time_s, rel=1e-12)

@@ -252,6 +252,8 @@ def partition_ilp(prob: PartitionProblem, multiple: int = 1, time_limit_s: float
     """The same problem as an ILP in PuLP. Raises ImportError/RuntimeError if no solver runs."""
     import pulp
 
+    if _is_uniform(prob):
+        return _partition_ilp_counts(prob, multiple, time_limit_s, solver)
     p, L = prob.p, prob.L
     lp = pulp.LpProblem("stage_partition", pulp.LpMinimize)
     # y[i][k] = 1 if layer k sits on a stage <= i (a staircase: contiguous stages)
@@ -281,11 +283,7 @@ def partition_ilp(prob: PartitionProblem, multiple: int = 1, time_limit_s: float
         lp += T >= t_i
         times.append(t_i)
     lp += (prob.m - 1.0 / prob.v) * T + pulp.lpSum(times) * (1.0 / prob.v)
-    if solver == "highs":
-        s = pulp.HiGHS(msg=False, timeLimit=time_limit_s)
-    else:
-        s = pulp.PULP_CBC_CMD(msg=False, timeLimit=time_limit_s)
-    status = lp.solve(s)
+    status = lp.solve(_pulp_solver(pulp, solver, time_limit_s))
     st = pulp.LpStatus[status]
     if st == "Infeasible":
         return PartitionResult(None, float("inf"), f"ilp-{solver}", "infeasible")
@@ -297,3 +295,40 @@ def partition_ilp(prob: PartitionProblem, multiple: int = 1, time_limit_s: float
     times_v, _ = prob.stage_costs(tuple(split))
     obj = prob.objective(times_v)
     return PartitionResult(tuple(split), obj, f"ilp-{solver}", "optimal" if st == "Optimal" else "time-limit")
+
+
+def _pulp_solver(pulp, solver: str, time_limit_s: float):
+    if solver == "highs":
+        return pulp.HiGHS(msg=False, timeLimit=time_limit_s)
+    return pulp.PULP_CBC_CMD(msg=False, timeLimit=time_limit_s)
+
+
+def _partition_ilp_counts(prob: PartitionProblem, multiple: int, time_limit_s: float, solver: str) -> PartitionResult:
+    """The ILP for a model of one layer kind: one integer layer count per stage (a multiple of
+    `multiple`) instead of p x L placement binaries; any counts form a contiguous split."""
+    import pulp
+
+    p, L = prob.p, prob.L
+    c, k = prob.layer_time[:, 0], prob.layer_mem[:, 0]
+    lp = pulp.LpProblem("stage_partition_counts", pulp.LpMinimize)
+    q = [pulp.LpVariable(f"q_{i}", lowBound=1, cat="Integer") for i in range(p)]
+    T = pulp.LpVariable("T", lowBound=0)
+    times = []
+    for i in range(p):
+        n_i = multiple * q[i]
+        t_i = float(c[i]) * n_i + float(prob.extra_time[i])
+        lp += T >= t_i
+        lp += float(k[i]) * n_i + float(prob.extra_mem[i]) <= float(prob.capacity[i])
+        times.append(t_i)
+    lp += pulp.lpSum(multiple * qi for qi in q) == L
+    lp += (prob.m - 1.0 / prob.v) * T + pulp.lpSum(times) * (1.0 / prob.v)
+    status = lp.solve(_pulp_solver(pulp, solver, time_limit_s))
+    st = pulp.LpStatus[status]
+    if st == "Infeasible":
+        return PartitionResult(None, float("inf"), f"ilp-{solver}", "infeasible")
+    if st not in ("Optimal", "Not Solved") or pulp.value(T) is None:
+        raise RuntimeError(f"ILP solver returned {st}")
+    split = tuple(int(round(pulp.value(qi))) * multiple for qi in q)
+    times_v, _ = prob.stage_costs(split)
+    return PartitionResult(split, prob.objective(times_v), f"ilp-{solver}",
+                           "optimal" if st == "Optimal" else "time-limit")

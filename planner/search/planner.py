@@ -573,7 +573,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, o: SearchOptions, progress=No
             if lb2 > lb * (1 + 1e-9):
                 heapq.heappush(heap, (lb2, next(tie), 2, c))
                 continue
-        best, short = _price(model, cluster, c, o.solver, res)
+        best, short = _price(model, cluster, c, "dp", res)
         if best is None:
             res.pruned_memory += 1
             if short is not None and (closest is None or short[0] < closest[0]):
@@ -586,6 +586,8 @@ def search(model: ModelSpec, cluster: ClusterSpec, o: SearchOptions, progress=No
         found.sort(key=lambda e: e.step_time_s)
         del found[max(o.top, 1):]
     res.pruned_bound += sum(p[4] if k == 0 else 1 for _, _, k, p in heap)
+    if o.solver.startswith("ilp"):
+        found = _ilp_cross_check(model, cluster, found, o.solver, res)
     res.plans = found[:o.top]
     if not res.plans and closest is not None:
         res.closest = closest[1] if isinstance(closest[1], Estimate) else estimate(model, cluster, closest[1])
@@ -650,6 +652,26 @@ def _price(model, cluster, s: Strategy, solver: str, res: SearchResult):
         return best, None
     return None, (_short(e), e)
 
+
+
+def _ilp_cross_check(model, cluster, plans: list[Estimate], solver: str, res: SearchResult) -> list[Estimate]:
+    """--solver ilp: the search prices with the exact DP (milliseconds a candidate); the top
+    plans' splits are then solved again as an ILP, which agrees unless a solver limit hit."""
+    out = []
+    for e in plans:
+        s2, used = refine_partition(model, cluster, e.strategy, e, solver, res.warnings)
+        if used != "none":
+            res.solver = f"dp, checked by {used}"
+        best = e
+        if s2 is not None and s2.layers_per_stage != e.strategy.stage_layers(model):
+            try:
+                e2 = estimate(model, cluster, s2)
+                if e2.fits and e2.step_time_s < e.step_time_s:
+                    best = e2
+            except InvalidStrategy:
+                pass
+        out.append(best)
+    return sorted(out, key=lambda x: x.step_time_s)
 
 
 def _short(e: Estimate) -> float:
