@@ -660,7 +660,7 @@ def _ilp_cross_check(model, cluster, plans: list[Estimate], solver: str, res: Se
     out = []
     for e in plans:
         s2, used = refine_partition(model, cluster, e.strategy, e, solver, res.warnings)
-        if used != "none":
+        if used.startswith("ilp"):
             res.solver = f"dp, checked by {used}"
         best = e
         if s2 is not None and s2.layers_per_stage != e.strategy.stage_layers(model):
