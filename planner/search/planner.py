@@ -276,6 +276,7 @@ class _Bounds:
         self._extra: dict = {}
         self._pp: dict = {}
         self._after: dict = {}
+        self._work: dict = {}
 
     def layer_costs(self, s: Strategy, tk: Strategy, group_name: str) -> tuple[float, float]:
         """(dense, MoE) seconds per layer and micro-batch on this group: compute + TP (+ EP);
@@ -307,6 +308,13 @@ class _Bounds:
         """Layers in work units (seconds on names[0]'s GPUs, summed over the model's layers),
         each group's seconds per unit r_g (a layer of kind k costs >= r_g w_k there), and the
         least sum of all layer times over any placement (each layer on its cheapest group)."""
+        key = (tk, tuple(names))
+        v = self._work.get(key)
+        if v is None:
+            v = self._work[key] = self._compute_work(s, tk, names)
+        return v
+
+    def _compute_work(self, s: Strategy, tk: Strategy, names) -> tuple[dict, float]:
         kinds = self._kinds()
         ref = self.layer_costs(s, tk, names[0])
         units = sum(n * ref[k] for k, n in kinds)
@@ -492,6 +500,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, o: SearchOptions, progress=No
     zero_opts = [fixed["zero"]] if "zero" in fixed else list(o.zero_stages)
     vpp_opts = [fixed["vpp"]] if "vpp" in fixed else list(VPP_CHOICES)
     heap: list = []   # (bound, tie, kind, payload): kind 0 = a cell to expand, 1 = a candidate
+    interned: dict = {}
     tie = itertools.count()
     # 1. cells: degrees x micro-batch x recompute x how many stages each node group hosts
     for tp, cp, pp, dp, ep, etp in enumerate_space(model, cluster, o):
@@ -510,7 +519,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, o: SearchOptions, progress=No
                                 global_batch_size=o.global_batch_size, seq_length=o.seq_length,
                                 recompute=rec, sequence_parallel=tp > 1, precision=o.precision,
                                 overlap_grad_reduce=True)
-                tk = _time_key(base)
+                tk = interned.setdefault(_time_key(base), _time_key(base))   # one object per key: cache hits by identity
                 for orders in layouts.values():
                     n_children = len(vpps) * len(zero_opts) * len(orders)
                     res.candidates += n_children
