@@ -16,7 +16,7 @@ app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Auto-parallel planner for large-model training (Megatron-LM).")
 # Piped output (CI logs, files) gets a wide fixed width instead of rich's 80 columns, so tables
 # do not fold; messages never wrap: an error is one line.
-console = Console(width=None if sys.stdout.isatty() else int(os.environ.get("COLUMNS") or 160))
+console = Console(width=None if sys.stdout.isatty() else int(os.environ.get("COLUMNS") or 160), soft_wrap=True)
 err_console = Console(stderr=True, soft_wrap=True)
 _DEBUG = {"on": False}
 

@@ -137,3 +137,19 @@ def test_shell_defaults_and_assignments_in_launch_scripts():
     assert parse_text(text, "x.sh", env={"NNODES": "4", "GBS": "64"}).world_size == 32
     with pytest.raises(SpecError, match="MB"):
         parse_text(text.replace("--micro-batch-size 1", "--micro-batch-size $MB"), "x.sh", env={})
+
+
+def test_gate_prices_an_emitted_heterogeneous_launch_as_the_plan(tmp_path):
+    """launch.sh carries the stage placement (which node group hosts each stage) in a header
+    line, so `check` prices the launch where the plan put it, not in cluster order."""
+    out = tmp_path / "out"
+    r = _cli("plan", "--model", "llama3-70b", "--cluster", "h100-a100-lab", "--global-batch-size", "512",
+             "--seq-length", "4096", "--top", "1", "--json", "--emit", "megatron", "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    plan = json.loads(r.stdout)["plans"][0]
+    groups = [s["node_group"] for s in plan["plan"]["stages"]]
+    assert len(set(groups)) == 2 and groups != sorted(groups, key=["h100", "a100"].index)  # A100 stages first
+    r = _cli("check", "--cluster", "h100-a100-lab", "--megatron-args", str(out / "plan-1" / "launch.sh"), "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["step_time_s"] == pytest.approx(plan["time"]["step_s"], rel=1e-9)
+    assert [s["node_group"] for s in json.loads(r.stdout)["stages"]] == groups

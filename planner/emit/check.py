@@ -99,6 +99,10 @@ def load_launch(path: str, cluster, model_ref, world_size=None):
         tp, pp, cp = launch.raw.get("tp", 1), launch.raw.get("pp", 1), launch.raw.get("cp", 1)
         if ws % (tp * pp * cp) == 0:
             launch = replace(launch, strategy=replace(launch.strategy, dp=ws // (tp * pp * cp)))
+    groups = launch.strategy.stage_node_groups
+    if groups and not all(g in {x.name for x in cluster.node_groups} for g in groups):
+        # written for another cluster: stages fill this one in its listed order
+        launch = replace(launch, strategy=replace(launch.strategy, stage_node_groups=None))
     model = load_model_ref(model_ref) if model_ref else launch.model
     return launch, model, launch.strategy
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import re
 import shlex
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ..errors import SpecError
@@ -222,9 +222,22 @@ def parse_words(words: list[str], source: str, name: str = "megatron-launch",
     return _build(raw, tuple(ignored), world, source, name, default_world_size)
 
 
+_STAGE_GROUPS = re.compile(r"^#\s*planner: stage-node-groups=([A-Za-z0-9._,-]+)\s*$", re.M)
+
+
 def parse_text(text: str, source: str, env: dict | None = None, default_world_size: int | None = None) -> MegatronLaunch:
-    return parse_words(tokenize(text, source, env), source, name=Path(source).stem or "launch",
-                       default_world_size=default_world_size)
+    """A launch; a `# planner: stage-node-groups=a,b,...` header line (written by
+    `plan --emit`) sets which node group hosts each pipeline stage."""
+    launch = parse_words(tokenize(text, source, env), source, name=Path(source).stem or "launch",
+                         default_world_size=default_world_size)
+    m = _STAGE_GROUPS.search(text)
+    if m:
+        groups = tuple(m.group(1).split(","))
+        if len(groups) != launch.strategy.pp:
+            raise SpecError(source, "stage-node-groups", f"names {len(groups)} groups, the launch has "
+                            f"pipeline_model_parallel_size {launch.strategy.pp}")
+        launch = replace(launch, strategy=replace(launch.strategy, stage_node_groups=groups))
+    return launch
 
 
 def parse_file(path: str | Path, env: dict | None = None, default_world_size: int | None = None) -> MegatronLaunch:
