@@ -153,3 +153,19 @@ def test_gate_prices_an_emitted_heterogeneous_launch_as_the_plan(tmp_path):
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["step_time_s"] == pytest.approx(plan["time"]["step_s"], rel=1e-9)
     assert [s["node_group"] for s in json.loads(r.stdout)["stages"]] == groups
+
+
+def test_stages_smaller_than_a_node_share_it_in_the_launch():
+    """Regression: a stage of 4 GPUs on 8-GPU nodes took a whole node in the host map, so
+    launch.sh started twice the world size."""
+    from planner.emit.megatron import launch_script, stage_host_map
+
+    s = Strategy(tp=2, pp=16, dp=2, micro_batch_size=1, global_batch_size=64, seq_length=4096,
+                 stage_node_groups=("a100",) * 8 + ("h100",) * 8)
+    rows = stage_host_map(s, s.stage_node_groups, {"a100": 8, "h100": 8})
+    assert [r["node_ranks"] for r in rows[:3]] == [[0, 0], [0, 0], [1, 1]]
+    assert rows[8]["node_ranks"] == [4, 4] and rows[8]["group_nodes"] == [0, 0]
+    model = load_model_ref("llama3-70b")
+    text = launch_script(checked_args(model, s), s, rows, 8, "plan-x")
+    assert "NNODES=${NNODES:-8}" in text
+    assert parse_text(text, "launch.sh", env={}).world_size == 64

@@ -152,19 +152,19 @@ def checked_args(model: ModelSpec, s: Strategy) -> list[str]:
 
 def stage_host_map(s: Strategy, stage_groups: tuple[str, ...], gpus_per_node: dict) -> list[dict]:
     """Which nodes (by node group) host which ranks. Megatron's rank order tp-cp-ep-dp-pp makes
-    stage i the ranks [i*tp*cp*dp, (i+1)*tp*cp*dp)."""
+    stage i the ranks [i*tp*cp*dp, (i+1)*tp*cp*dp); torchrun puts rank r on node r // G. A stage
+    smaller than a node shares it with the next stage of the same group."""
     per = s.gpus_per_stage
     rows = []
-    next_node = {g: 0 for g in gpus_per_node}
-    node_rank = 0
+    group_gpu = {g: 0 for g in gpus_per_node}   # GPUs of each group used so far
     for i, g in enumerate(stage_groups):
         gpn = gpus_per_node[g]
-        n_nodes = max(1, per // gpn)
-        rows.append({"stage": i, "node_group": g, "ranks": [i * per, (i + 1) * per - 1],
-                     "node_ranks": [node_rank, node_rank + n_nodes - 1],
-                     "group_nodes": [next_node[g], next_node[g] + n_nodes - 1]})
-        node_rank += n_nodes
-        next_node[g] += n_nodes
+        first, last = i * per, (i + 1) * per - 1
+        off = group_gpu[g]
+        rows.append({"stage": i, "node_group": g, "ranks": [first, last],
+                     "node_ranks": [first // gpn, last // gpn],
+                     "group_nodes": [off // gpn, (off + per - 1) // gpn]})
+        group_gpu[g] += per
     return rows
 
 

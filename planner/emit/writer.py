@@ -28,6 +28,10 @@ def write_plans(plans, out: str, force: bool) -> list[str]:
             s = e.strategy
             args = checked_args(e.model, s)
             gpn = {g.name: g.gpus_per_node for g in e.cluster.node_groups}
+            used = {gpn[g] for g in e.stage_groups if g in gpn}
+            if len(used) > 1:
+                raise PlannerError(f"plan-{k} runs on node groups with {' and '.join(map(str, sorted(used)))} GPUs "
+                                   "per node; one torchrun launch needs the same --nproc-per-node everywhere")
             hmap = stage_host_map(s, e.stage_groups, gpn)
             lines = []
             i = 0

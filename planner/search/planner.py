@@ -97,7 +97,8 @@ def stage_layouts(cluster: ClusterSpec, per_stage: int, pp: int) -> dict[tuple[i
     stages hold the most activations). Each group used hosts as many stages as it can hold,
     except at most one partly used group (leaving GPUs of two groups idle at once is never
     needed to use the fast ones fully, and it keeps the space small on many-group clusters),
-    and the stages use more than MIN_GPU_FRACTION of the used groups' GPUs."""
+    each group's stages fill whole nodes, and the stages use more than MIN_GPU_FRACTION of the
+    used groups' GPUs."""
     groups = cluster.node_groups
     caps = []
     for g in groups:
@@ -113,7 +114,10 @@ def stage_layouts(cluster: ClusterSpec, per_stage: int, pp: int) -> dict[tuple[i
             counts = [caps[i] if i in idx else 0 for i in range(n)]
             counts[partial] = pp - sum(caps[i] for i in idx if i != partial)
             used_gpus = sum(groups[i].num_gpus for i in idx)
-            if 1 <= counts[partial] <= caps[partial] and pp * per_stage > MIN_GPU_FRACTION * used_gpus:
+            # each group's stages fill whole nodes (torchrun starts the same number of ranks on
+            # every node; a node cannot host stages of two groups)
+            whole = all(counts[i] * per_stage % groups[i].gpus_per_node == 0 for i in idx)
+            if whole and 1 <= counts[partial] <= caps[partial] and pp * per_stage > MIN_GPU_FRACTION * used_gpus:
                 counts_set.add(tuple(counts))
     out = {}
     for counts in sorted(counts_set):
