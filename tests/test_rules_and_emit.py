@@ -169,3 +169,25 @@ def test_stages_smaller_than_a_node_share_it_in_the_launch():
     text = launch_script(checked_args(model, s), s, rows, 8, "plan-x")
     assert "NNODES=${NNODES:-8}" in text
     assert parse_text(text, "launch.sh", env={}).world_size == 64
+
+
+def test_megatron_fsdp_launch_rules(tmp_path):
+    """Found by running Megatron-LM's validate_args on emitted ZeRO-2/3 launches: Megatron-FSDP
+    needs --ckpt-format fsdp_dtensor and refuses CUDA_DEVICE_MAX_CONNECTIONS=1
+    (arguments.py). The emitted launch satisfies both; the check names each rule."""
+    out = tmp_path / "out"
+    r = _cli("plan", "--model", "llama3-8b", "--cluster", "dgx-h100-x8", "--global-batch-size", "256",
+             "--seq-length", "4096", "--zero-stages", "3", "--top", "1", "--emit", "megatron", "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    launch = (out / "plan-1" / "launch.sh").read_text()
+    assert "--ckpt-format fsdp_dtensor" in launch and "unset CUDA_DEVICE_MAX_CONNECTIONS" in launch
+    env = {k: v for k, v in os.environ.items() if k != "NNODES"}
+    r = _cli("check", "--cluster", "dgx-h100-x8", "--megatron-args", str(out / "plan-1" / "launch.sh"), env=env)
+    assert r.returncode == 0, r.stderr
+    bad = tmp_path / "bad.sh"
+    bad.write_text(launch.replace("unset CUDA_DEVICE_MAX_CONNECTIONS", "export CUDA_DEVICE_MAX_CONNECTIONS=1")
+                   .replace("--ckpt-format fsdp_dtensor", "--ckpt-format torch_dist"))
+    r = _cli("check", "--cluster", "dgx-h100-x8", "--megatron-args", str(bad), "--json", env=env)
+    assert r.returncode == 1
+    v = " ".join(json.loads(r.stdout)["violations"])
+    assert "fsdp-ckpt-format" in v and "fsdp-cuda-connections" in v

@@ -85,6 +85,7 @@ STRATEGY_FLAGS = {
     "--optimizer-cpu-offload": ("true", "optimizer_cpu_offload"),
     "--use-megatron-fsdp": ("true", "use_megatron_fsdp"),
     "--data-parallel-sharding-strategy": ("str", "dp_sharding"),
+    "--ckpt-format": ("str", "ckpt_format"),
     "--world-size": ("int", "world_size"),
 }
 
@@ -97,6 +98,7 @@ class MegatronLaunch:
     ignored: tuple[str, ...]     # flags kept but not modelled
     world_size: int | None       # from torchrun --nnodes x --nproc-per-node, if present
     source: str
+    script_env: tuple = ()       # (name, value) the script itself sets before launching
 
 
 # $NAME, ${NAME}, ${NAME:-default} / ${NAME-default} (shell default values)
@@ -121,7 +123,13 @@ def tokenize(text: str, source: str, env: dict | None = None) -> list[str]:
     """Shell words of a launch script, variables expanded. Assignments before the training
     script (NNODES=${NNODES:-8}, export X=1) define variables for the words after them; words
     before the launcher line are not needed, so their unknown variables are not an error."""
+    return _tokenize(text, source, env)[0]
+
+
+def _tokenize(text: str, source: str, env: dict | None = None) -> tuple[list[str], dict]:
+    """(words, the variables the script assigns before its training script)."""
     env = dict(os.environ) if env is None else dict(env)
+    assigned: dict = {}
     text = text.replace("\\\r\n", " ").replace("\\\n", " ")   # backslash continuations
     try:
         lex = shlex.shlex(text, posix=True)
@@ -136,9 +144,12 @@ def tokenize(text: str, source: str, env: dict | None = None) -> list[str]:
         before = script is not None and i < script
         m = _ASSIGN.fullmatch(w) if before else None
         if m:
-            env[m.group(1)] = _expand(m.group(2), source, env, strict=False)
+            env[m.group(1)] = assigned[m.group(1)] = _expand(m.group(2), source, env, strict=False)
+        elif before and i > 0 and words[i - 1] == "unset" and re.fullmatch(r"[A-Za-z_]\w*", w):
+            env.pop(w, None)
+            assigned[w] = None   # explicitly unset
         out.append(_expand(w, source, env, strict=not before))
-    return out
+    return out, assigned
 
 
 def _strip_launcher(words: list[str]) -> tuple[list[str], int | None]:
@@ -228,8 +239,9 @@ _STAGE_GROUPS = re.compile(r"^#\s*planner: stage-node-groups=([A-Za-z0-9._,-]+)\
 def parse_text(text: str, source: str, env: dict | None = None, default_world_size: int | None = None) -> MegatronLaunch:
     """A launch; a `# planner: stage-node-groups=a,b,...` header line (written by
     `plan --emit`) sets which node group hosts each pipeline stage."""
-    launch = parse_words(tokenize(text, source, env), source, name=Path(source).stem or "launch",
-                         default_world_size=default_world_size)
+    words, assigned = _tokenize(text, source, env)
+    launch = parse_words(words, source, name=Path(source).stem or "launch", default_world_size=default_world_size)
+    launch = replace(launch, script_env=tuple(sorted(assigned.items(), key=lambda kv: kv[0])))
     m = _STAGE_GROUPS.search(text)
     if m:
         groups = tuple(m.group(1).split(","))

@@ -44,6 +44,14 @@ def megatron_violations(launch: MegatronLaunch, model: ModelSpec | None = None) 
 
     ws = launch.world_size
     tp, pp, cp = r.get("tp", 1), r.get("pp", 1), r.get("cp", 1)
+    # --- environment the launch script sets (a bare flags file sets none)
+    script_env = dict(launch.script_env)
+    if r.get("use_megatron_fsdp") and r.get("ckpt_format", "torch_dist") != "fsdp_dtensor":
+        bad("fsdp-ckpt-format", "Megatron-FSDP requires --ckpt-format fsdp_dtensor "
+            f"(found {r.get('ckpt_format', 'torch_dist (the default)')})")
+    if r.get("use_megatron_fsdp") and script_env.get("CUDA_DEVICE_MAX_CONNECTIONS") == "1":
+        bad("fsdp-cuda-connections", "Megatron-FSDP requires CUDA_DEVICE_MAX_CONNECTIONS > 1 or unset; "
+            "the script exports 1")
     if min(tp, pp, cp) < 1:
         bad("positive-degrees", "parallel sizes must be >= 1")
         return out
