@@ -176,19 +176,32 @@ def _write_plots(folder: str, e, priced, quiet: bool) -> None:
             console.print(f"wrote {f}", markup=False)
 
 
+# --fix NAME=VALUE: the pinnable choices and their values (degrees bounded like spec counts)
+FIX_MAX_DEGREE = 1_000_000
+
+
 def _parse_fix(items: list[str]) -> tuple:
-    allowed = {"tp": int, "pp": int, "dp": int, "cp": int, "ep": int, "etp": int, "vpp": int,
-               "mbs": int, "recompute": str, "zero": int}
+    from .strategy import RECOMPUTE
+    from .yamlio import suggest
+    allowed = ("tp", "pp", "dp", "cp", "ep", "etp", "vpp", "mbs", "recompute", "zero")
     out = []
     for it in items or []:
         k, _, v = it.partition("=")
         if k not in allowed or not v:
-            from .yamlio import suggest
             raise SpecError("--fix", k, f"expected NAME=VALUE with NAME one of {', '.join(allowed)}{suggest(k, allowed)}")
+        if k == "recompute":
+            if v not in RECOMPUTE:
+                raise SpecError("--fix", k, f"found {v!r}, expected one of {', '.join(RECOMPUTE)}{suggest(v, RECOMPUTE)}")
+            out.append((k, v))
+            continue
         try:
-            out.append((k, allowed[k](v)))
+            n = int(v)
         except ValueError:
             raise SpecError("--fix", k, f"found {v!r}, expected an integer") from None
+        lo, hi = (0, 3) if k == "zero" else (1, FIX_MAX_DEGREE)
+        if not lo <= n <= hi:
+            raise SpecError("--fix", k, f"found {n}, expected an integer in [{lo}, {hi}]")
+        out.append((k, n))
     return tuple(out)
 
 
@@ -229,6 +242,8 @@ def plan(
     for name, v in (("--global-batch-size", global_batch_size), ("--seq-length", seq_length)):
         if v < 1 or v > 10**8:
             raise SpecError(name, None, f"found {v}, expected an integer in [1, 1e8]")
+    if not time_limit > 0:
+        raise SpecError("--time-limit", None, f"found {time_limit:g}, expected seconds > 0")
     try:
         zs = tuple(int(x) for x in zero.split(","))
         assert all(z in (0, 1, 2, 3) for z in zs)
@@ -253,7 +268,7 @@ def plan(
                    "seconds": round(res.seconds, 3), "solver": res.solver, "status": res.status,
                    "optimality_gap": res.optimality_gap}
     if not res.plans:
-        _report_no_fit(res, m, c, as_json, search_info)
+        _report_no_fit(res, m, c, as_json, search_info, opts.fixed)
         raise typer.Exit(1)
     written = []
     if emit == "megatron":
@@ -316,7 +331,7 @@ def _compress(groups) -> str:
     return " ".join(f"{g}x{n}" for g, n in out)
 
 
-def _report_no_fit(res, m, c, as_json, info) -> None:
+def _report_no_fit(res, m, c, as_json, info, fixed=()) -> None:
     e = res.closest
     msg = {"search": info, "plans": [], "error": "no plan fits in memory"}
     if e is not None:
@@ -343,6 +358,8 @@ def _report_no_fit(res, m, c, as_json, info) -> None:
                 f"({short / 2**30:.1f} GiB short). Try: " + "; ".join(hints))
     else:
         text = "no valid plan in the search space for this model and cluster"
+        if fixed:
+            text += " with " + " ".join(f"--fix {k}={v}" for k, v in fixed) + " (check them against the model and cluster)"
     if as_json:
         _print_json(msg)
     else:
@@ -416,6 +433,22 @@ def check(
     raise typer.Exit(code)
 
 
+def _click_exception_types():
+    """click's exception classes, and the copies typer >= 0.20 vendors as typer._click."""
+    import click
+    usage, abort = [click.exceptions.ClickException], [click.exceptions.Abort]
+    try:
+        from typer._click import exceptions as vendored
+    except ImportError:
+        vendored = None
+    for names, out in ((("ClickException",), usage), (("Abort",), abort)):
+        for n in names:
+            cls = getattr(vendored, n, None)
+            if isinstance(cls, type):
+                out.append(cls)
+    return tuple(usage), tuple(abort)
+
+
 def main() -> None:
     """Entry point: every expected error is one line and exit 2 (1 for invalid/does-not-fit)."""
     try:
@@ -429,11 +462,12 @@ def main() -> None:
         err_console.print(f"error: {exc}", markup=False, highlight=False)
         sys.exit(exc.exit_code)
     except Exception as exc:  # noqa: BLE001 - the top-level handler of a CLI
-        import click
-        if isinstance(exc, click.exceptions.ClickException):
-            exc.show()
+        usage, abort = _click_exception_types()
+        if isinstance(exc, usage):
+            # bad option values and usage: one line, exit 2 (click's own code for usage errors)
+            err_console.print(f"error: {exc.format_message()}", markup=False, highlight=False)
             sys.exit(2)
-        if isinstance(exc, click.exceptions.Abort):
+        if isinstance(exc, abort):
             sys.exit(130)
         if _DEBUG["on"] or "--debug" in sys.argv:
             raise
