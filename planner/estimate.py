@@ -141,6 +141,16 @@ def assign_stage_groups(cluster: ClusterSpec, s: Strategy) -> list[list[NodeGrou
     return out
 
 
+def stages_share_node(s: Strategy, i: int, j: int, groups_i: list[NodeGroup], groups_j: list[NodeGroup]) -> bool:
+    """Whether pipeline stages i and j sit on one node: torchrun puts global rank r on node
+    r // G, and stage k holds ranks [k * per, (k + 1) * per) (Megatron's rank order)."""
+    if len(groups_i) != 1 or groups_i != groups_j:
+        return False
+    G, per = groups_i[0].gpus_per_node, s.gpus_per_stage
+    lo, hi = min(i, j) * per, (max(i, j) + 1) * per - 1
+    return lo // G == hi // G
+
+
 @lru_cache(maxsize=65536)
 def _layer_time(model, s_key, gpu, moe):
     return C.layer_time(model, s_key, gpu, moe)
@@ -254,8 +264,8 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, s: Strategy) -> Estimate:
             msg = BYTES_16BIT * M * h / (s.tp if s.sp else 1)
             t_pp = 0.0
             for nb in ([i - 1] if i > 0 else []) + ([i + 1] if i < s.pp - 1 else []):
-                # stages are on different nodes (stage blocks are laid on whole nodes)
-                link = p2p_link(gslow, stage_groups[nb][0], False, cluster)
+                same = stages_share_node(s, i, nb, groups, stage_groups[nb])
+                link = p2p_link(gslow, stage_groups[nb][0], same, cluster)
                 t1 = collective_time("send-recv", msg, 2, link)
                 t_pp = max(t_pp, t1)
                 if nb == i + 1:

@@ -35,6 +35,12 @@ def strategy_to_dict(s: Strategy, model=None, stage_groups=None) -> dict:
 
 def estimate_to_dict(e: Estimate) -> dict:
     peak = e.peak_memory
+    plan = strategy_to_dict(e.strategy, e.model, e.stage_groups)
+    hosts = _stage_nodes(e)
+    for st, t in zip(plan["stages"], e.stage_times):
+        st["gpu"] = t.gpu
+        if hosts is not None:
+            st["nodes"] = hosts[st["stage"]]
     per_stage = []
     for m, t in zip(e.memory, e.stage_times):
         per_stage.append({
@@ -50,7 +56,7 @@ def estimate_to_dict(e: Estimate) -> dict:
         "model": {"name": e.model.name, "parameters": e.model.parameters,
                   "active_parameters": e.model.active_parameters},
         "cluster": {"name": e.cluster.name, "gpus": e.cluster.num_gpus},
-        "plan": strategy_to_dict(e.strategy, e.model, e.stage_groups),
+        "plan": plan,
         "memory": {
             "peak_bytes_per_gpu": max(m.total for m in e.memory),
             "capacity_bytes_per_gpu": peak.capacity,
@@ -66,6 +72,16 @@ def estimate_to_dict(e: Estimate) -> dict:
         "throughput": {"tokens_per_s": e.tokens_per_s, "model_tflops_per_gpu": e.model_tflops_per_gpu,
                        "hardware_tflops_per_gpu": e.hardware_tflops_per_gpu, "mfu": e.mfu},
     }
+
+
+def _stage_nodes(e: Estimate):
+    """Per stage, [first, last] node of its node group that hosts it (as launch.sh places
+    them), when every stage sits on one node group."""
+    from .megatron import stage_host_map
+    if any("+" in g for g in e.stage_groups):
+        return None
+    gpn = {g.name: g.gpus_per_node for g in e.cluster.node_groups}
+    return [r["group_nodes"] for r in stage_host_map(e.strategy, e.stage_groups, gpn)]
 
 
 def _gib(x: float) -> str:

@@ -339,22 +339,30 @@ class _Bounds:
                                     sum(C.output_layer_time(self.model, s, gpu)))
         return v
 
-    def pp_hop(self, s: Strategy, a: str, b: str) -> float:
+    def pp_hop(self, s: Strategy, a: str, b: str, same_node: bool = False) -> float:
         """One activation send between stages on groups a and b, as `estimate` prices it."""
-        key = (s.seq_length, s.cp, s.micro_batch_size, s.tp if s.sp else 1, a, b)
+        key = (s.seq_length, s.cp, s.micro_batch_size, s.tp if s.sp else 1, a, b, same_node)
         v = self._pp.get(key)
         if v is None:
             msg = BYTES_16BIT * s.seq_length / s.cp * s.micro_batch_size * self.model.hidden_size \
                 / (s.tp if s.sp else 1)
-            link = p2p_link(self.cluster.group(a), self.cluster.group(b), False, self.cluster)
+            link = p2p_link(self.cluster.group(a), self.cluster.group(b), same_node, self.cluster)
             v = self._pp[key] = collective_time("send-recv", msg, 2, link)
         return v
+
+    def least_hop(self, s: Strategy, a: str, b: str) -> float:
+        """The cheaper of the two ways two stages on groups a and b can talk (on one node only
+        when a stage is smaller than a node of one group)."""
+        hop = self.pp_hop(s, a, b)
+        if a == b and s.gpus_per_stage < self.cluster.group(a).gpus_per_node:
+            hop = min(hop, self.pp_hop(s, a, b, True))
+        return hop
 
     def cell(self, s: Strategy, tk: Strategy, groups: tuple[str, ...]) -> float:
         """Bound for every vpp, ZeRO stage and stage order of a multiset of stage groups:
         m x the least possible slowest-stage time (PP traffic at vpp = 1)."""
         names = sorted(set(groups))
-        hop = 2 * min(self.pp_hop(s, x, y) for x in names for y in names) if s.pp > 1 else 0.0
+        hop = 2 * min(self.least_hop(s, x, y) for x in names for y in names) if s.pp > 1 else 0.0
         w, _ = self.work(s, tk, names)
         stages = {}
         for g in groups:
@@ -372,10 +380,14 @@ class _Bounds:
         p, v, m = s.pp, s.vpp, s.num_microbatches
         names = sorted(set(groups))
         w, least = self.work(s, tk, names)
-        hops = {}
-        for a, b in zip(groups, groups[1:]):
-            if (a, b) not in hops:
-                hops[(a, b)] = hops[(b, a)] = 2 * v * self.pp_hop(s, a, b)
+        # hop[i]: stage i to stage i + 1, on one node or across (estimate's stages_share_node)
+        per = s.gpus_per_stage
+        hop = []
+        for i in range(p - 1):
+            a, b = groups[i], groups[i + 1]
+            G = self.cluster.group(a).gpus_per_node
+            same = a == b and (i * per) // G == ((i + 2) * per - 1) // G
+            hop.append(2 * v * self.pp_hop(s, a, b, same))
         stages: dict = {}
         W = least
         for i, g in enumerate(groups):
@@ -385,8 +397,7 @@ class _Bounds:
             if i == p - 1:
                 e += self.ends(s, tk, g)[1]
             if p > 1:
-                e += max(hops[(g, groups[i - 1])] if i > 0 else 0.0,
-                         hops[(g, groups[i + 1])] if i < p - 1 else 0.0)
+                e += max(hop[i - 1] if i > 0 else 0.0, hop[i] if i < p - 1 else 0.0)
             cap = float("inf") if max_layers is None else max_layers[i] * w["unit_max"]
             key = (w["rate"][g], w["floor"][g], e, cap)
             stages[key] = stages.get(key, 0) + 1
