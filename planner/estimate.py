@@ -275,8 +275,7 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, s: Strategy) -> Estimate:
             exposed["pp"] = 2 * s.vpp * t_pp
         # --- DP (and expert DP) from the placement
         sp_counts = stage_params(model, s, i)
-        per_rank = {"dense": sp_counts.dense / s.tp, "norms": sp_counts.norms,
-                    "experts": sp_counts.experts / (s.ep * s.expert_tp)}
+        per_rank = {g: getattr(sp_counts, g) * placement.model_shard_factor(g) for g in ("dense", "norms", "experts")}
         dp_step = {"grad": 0.0, "param": 0.0}
         dp_mb = {"fwd": 0.0, "bwd": 0.0}
         for dc in data_collectives(placement):

@@ -36,6 +36,7 @@ STATES = ("parameters", "gradients", "optimizer", "activations")
 # the expert-data-parallel group.
 GROUPS = ("dense", "norms", "experts")
 AXES = ("dp", "cp", "tp", "pp", "ep", "etp", "edp")
+MODEL_AXES = ("tp", "ep", "etp")   # pp splits by layer assignment, not by a factor
 DATA_AXES = {"dense": "dp", "norms": "dp", "experts": "edp"}  # the axis gradients reduce over
 
 
@@ -72,6 +73,20 @@ class Placement:
     @cached_property
     def _factors(self) -> dict:
         return {}
+
+    def model_shard_factor(self, group: str) -> float:
+        """Fraction of a stage's parameters of a group one rank computes with: the model axes
+        only (tp; ep x etp for experts), before any data-axis (ZeRO) sharding."""
+        f = 1.0
+        for axis in MODEL_AXES:
+            if self.mode("parameters", group, axis) in (Mode.SHARDED, Mode.SHARDED_GATHER):
+                f /= self.size(axis)
+        return f
+
+    def rank_params(self, params) -> float:
+        """Parameters one rank computes with, from a StageParams-like (dense, norms, experts)."""
+        return (params.dense * self.model_shard_factor("dense") + params.norms * self.model_shard_factor("norms")
+                + params.experts * self.model_shard_factor("experts"))
 
     def _compute_shard_factor(self, state: str, group: str) -> float:
         f = 1.0

@@ -115,6 +115,13 @@ def check_structure(s: Strategy, model: ModelSpec) -> None:
         v = getattr(s, name)
         if not isinstance(v, int) or v < 1:
             raise InvalidStrategy("positive-degrees", f"{name} = {v!r}, expected an integer >= 1")
+    if s.etp is not None and (not isinstance(s.etp, int) or s.etp < 1):
+        raise InvalidStrategy("positive-degrees", f"etp = {s.etp!r}, expected an integer >= 1")
+    if s.world_size % (s.expert_tp * s.ep * s.pp) != 0:
+        # megatron/core/parallel_state.py builds the expert grid for every model
+        raise InvalidStrategy("expert-grid-world",
+                              f"world size {s.world_size} must be divisible by etp x ep x pp "
+                              f"({s.expert_tp} x {s.ep} x {s.pp})")
     if s.recompute not in RECOMPUTE:
         raise InvalidStrategy("recompute", f"recompute = {s.recompute!r}, expected one of {RECOMPUTE}")
     if s.schedule not in SCHEDULES:

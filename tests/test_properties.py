@@ -2,6 +2,7 @@
 either load or raise SpecError), and cost-model invariants hold."""
 
 import json
+import os
 
 from hypothesis import HealthCheck, given, settings, strategies as st
 
@@ -72,7 +73,9 @@ _JUNK = st.one_of(st.none(), st.booleans(), st.integers(-5, 10**12), st.floats(a
                   st.text(max_size=6), st.lists(st.integers(), max_size=3), st.dictionaries(st.text(max_size=3), st.integers(), max_size=2))
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+# FUZZ_EXAMPLES=2000 for a deeper run than CI's
+@settings(max_examples=int(os.environ.get("FUZZ_EXAMPLES", 150)), deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.lists(st.tuples(st.sampled_from(["plan", "stage", "drop"]), st.integers(0, 40), _JUNK), min_size=1, max_size=4))
 def test_plan_json_mutations_never_crash(tmp_path_factory, mutations):
     """#7: a hand-edited plan JSON is either accepted or refused with SpecError (exit 2) or

@@ -191,12 +191,11 @@ def stage_fixed_bytes_lower_bound(model: ModelSpec, s: Strategy, placement: Plac
         fixed += min(act.layer_bytes(model, s, moe, "none") for moe in kinds)
     if s.zero_stage >= 2:
         bucket = max(DDP_BUCKET_MIN_PARAMS, DDP_BUCKET_PARAMS_PER_DP_RANK * s.dp * s.cp)
-        fixed += min(bucket, fp.dense / s.tp + fp.norms) * bpp["gradients"]
+        fixed += min(bucket, placement.rank_params(fp)) * bpp["gradients"]
     if s.zero_stage >= 3:
         def one_layer(moe):
             k = next(i for i in range(model.num_layers) if model.is_moe_layer(i) == moe)
-            lp = layer_range_params(model, s, k, k + 1, False, False)
-            return lp.dense / s.tp + lp.norms + lp.experts / (s.ep * s.expert_tp)
+            return placement.rank_params(layer_range_params(model, s, k, k + 1, False, False))
         fixed += ZERO3_GATHERED_LAYERS * min(one_layer(moe) for moe in kinds) * bpp["parameters"]
     return fixed
 
@@ -223,10 +222,10 @@ def stage_memory(model: ModelSpec, s: Strategy, placement: Placement, stage: int
     if s.zero_stage >= 2:
         n_data = s.dp * s.cp
         bucket = max(DDP_BUCKET_MIN_PARAMS, DDP_BUCKET_PARAMS_PER_DP_RANK * n_data)
-        buffers += min(bucket, sp.dense / s.tp + sp.norms + sp.experts / (s.ep * s.expert_tp)) * bpp["gradients"]
+        buffers += min(bucket, placement.rank_params(sp)) * bpp["gradients"]
     if s.zero_stage >= 3:
         n_layers = max(1, end - start)
-        per_layer_params = (sp.dense / s.tp + sp.norms + sp.experts / (s.ep * s.expert_tp)) / n_layers
+        per_layer_params = placement.rank_params(sp) / n_layers
         buffers += ZERO3_GATHERED_LAYERS * per_layer_params * bpp["parameters"]
     return StageMemory(
         stage=stage, layers=end - start, node_group=node_group,

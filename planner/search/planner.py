@@ -431,9 +431,8 @@ class _Bounds:
                 k = (model.moe_layer_pattern.index(1) if moe else
                      next(i for i in range(model.num_layers) if not model.is_moe_layer(i)))
                 lp = layer_range_params(model, s, k, k + 1, False, False)
-                per_layer["dense"].append(lp.dense / s.tp)
-                per_layer["norms"].append(lp.norms)
-                per_layer["experts"].append(lp.experts / (s.ep * s.expert_tp))
+                for g in per_layer:
+                    per_layer[g].append(getattr(lp, g) * placement.model_shard_factor(g))
             bpp = BYTES_PER_PARAM[s.optimizer_convention]
             dp = {}
             for g in names:
