@@ -316,6 +316,12 @@ def _render_plans(res, m, c, info) -> None:
     console.print(f"searched {info['candidates']} candidates ({info['pruned_memory']} pruned by memory, "
                   f"{info['pruned_bound']} by the compute bound, {info['priced']} priced) in {info['seconds']:.1f} s; "
                   f"stage partition solver: {info['solver']}")
+    if info["status"] == "time-limit":
+        console.print(f"stopped at the time limit: no plan left unpriced can be more than "
+                      f"{info['optimality_gap'] * 100:.1f}% faster than #1 (its bound)")
+    elif info["optimality_gap"] > 0:
+        console.print(f"a stage-partition DP hit its work cap: #1 is within {info['optimality_gap'] * 100:.2f}% "
+                      "of its optimal split")
     if res.idle_groups:
         console.print(f"node groups left idle by the best plan: {', '.join(res.idle_groups)} "
                       "(adding them did not make a faster plan under the cost model)")
@@ -334,6 +340,15 @@ def _compress(groups) -> str:
 def _report_no_fit(res, m, c, as_json, info, fixed=()) -> None:
     e = res.closest
     msg = {"search": info, "plans": [], "error": "no plan fits in memory"}
+    if res.status == "time-limit":
+        text = ("the search stopped at its time limit before it found a plan that fits (nothing it "
+                "priced fits); raise --time-limit or pin degrees with --fix")
+        msg["error"] = text
+        if as_json:
+            _print_json(msg)
+        else:
+            err_console.print(f"error: {text}", markup=False)
+        return
     if e is not None:
         worst = max(e.memory, key=lambda x: x.total - x.capacity)
         short = worst.total - worst.capacity

@@ -159,3 +159,27 @@ def test_a_crashing_ilp_solver_falls_back_to_the_dp(monkeypatch):
     r2 = search(MODEL, MIXED, o)
     assert r2.solver == "dp, checked by ilp-cbc" and not r2.warnings
     assert r2.plans[0].step_time_s == pytest.approx(r.plans[0].step_time_s, rel=1e-12)
+
+
+def test_time_limit_reports_a_true_gap(monkeypatch):
+    """A search stopped by its time limit returns its best plan and a gap that bounds how far
+    the optimum can be below it: optimum >= best x (1 - gap). The clock is simulated (one tick
+    a call) so that the cut falls at the same place on any machine."""
+    import itertools as it
+
+    import planner.search.planner as P
+
+    full = search(MODEL, MIXED, OPTIONS)
+    optimum = full.plans[0].step_time_s
+    for ticks in range(40, 400, 5):
+        clock = it.count()
+        monkeypatch.setattr(P.time, "perf_counter", lambda: next(clock) * 0.001)
+        r = search(MODEL, MIXED, replace(OPTIONS, time_limit_s=ticks * 0.001))
+        monkeypatch.undo()
+        if r.status != "time-limit" or not r.plans:
+            continue
+        best = r.plans[0].step_time_s
+        assert best >= optimum * (1 - 1e-12)
+        assert 0 <= r.optimality_gap < 1 and optimum >= best * (1 - r.optimality_gap) - 1e-12
+        return
+    pytest.fail("no simulated time limit cut the search after a plan was found")

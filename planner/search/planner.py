@@ -234,8 +234,10 @@ def partition_problem(model: ModelSpec, cluster: ClusterSpec, s: Strategy, e: Es
     return PartitionProblem(lt, lm, et, em, cap, s.num_microbatches, s.vpp)
 
 
-def refine_partition(model, cluster, s: Strategy, e: Estimate, solver: str, warnings: list):
-    """The best contiguous layer split for this strategy's stages, in memory (DP or ILP)."""
+def refine_partition(model, cluster, s: Strategy, e: Estimate, solver: str, warnings: list, gaps=None):
+    """The best contiguous layer split for this strategy's stages, in memory (DP or ILP).
+    `gaps` collects the DP's optimality gap (0 unless its work cap stopped it)."""
+    gaps = [] if gaps is None else gaps
     if s.pp == 1 or (s.recompute_num_layers is not None):
         return None, "none"
     prob = partition_problem(model, cluster, s, e)
@@ -253,6 +255,7 @@ def refine_partition(model, cluster, s: Strategy, e: Estimate, solver: str, warn
     if res is None:
         res = partition_dp(prob, multiple=s.vpp)
         used = "dp"
+        gaps.append(res.gap)
         if res.status == "bound-limit":
             _warn(warnings, f"stage-partition DP stopped at its work cap; its split is within "
                             f"{res.gap * 100:.2f}% of optimal")
@@ -558,6 +561,9 @@ def search(model: ModelSpec, cluster: ClusterSpec, o: SearchOptions, progress=No
             break
         if time.perf_counter() - t0 > o.time_limit_s:
             res.status = "time-limit"
+            # nothing left in the queue can beat its lowest bound: the optimum is >= min(top, lb)
+            res.optimality_gap = (max(res.optimality_gap, (found[0].step_time_s - lb) / found[0].step_time_s, 0.0)
+                                  if found else 1.0)
             _warn(res.warnings, f"search stopped at its {o.time_limit_s:g} s time limit; "
                                 f"the plans are the best of those priced")
             break
@@ -659,9 +665,11 @@ def _price(model, cluster, s: Strategy, solver: str, res: SearchResult):
     res.priced += 1
     res.priced_estimates.append(e)
     best = e if e.fits else None
-    s2, used = refine_partition(model, cluster, s, e, solver, res.warnings)
+    gaps: list = []
+    s2, used = refine_partition(model, cluster, s, e, solver, res.warnings, gaps)
     if used != "none":
         res.solver = used
+    res.optimality_gap = max([res.optimality_gap] + gaps)
     if s2 is not None and s2.layers_per_stage != s.stage_layers(model):
         try:
             e2 = estimate(model, cluster, s2)
