@@ -449,16 +449,16 @@ def check(
 
 
 def _click_exception_types():
-    """click's exception classes, and the copies typer >= 0.20 vendors as typer._click."""
-    import click
-    usage, abort = [click.exceptions.ClickException], [click.exceptions.Abort]
-    try:
-        from typer._click import exceptions as vendored
-    except ImportError:
-        vendored = None
-    for names, out in ((("ClickException",), usage), (("Abort",), abort)):
-        for n in names:
-            cls = getattr(vendored, n, None)
+    """click's exception classes: typer >= 0.20 vendors click as typer._click (and plain click
+    may not be installed at all); older typer uses click itself. Whichever are importable."""
+    usage, abort = [], []
+    for module in ("typer._click.exceptions", "click.exceptions"):
+        try:
+            mod = __import__(module, fromlist=["_"])
+        except ImportError:
+            continue
+        for name, out in (("ClickException", usage), ("Abort", abort)):
+            cls = getattr(mod, name, None)
             if isinstance(cls, type):
                 out.append(cls)
     return tuple(usage), tuple(abort)
@@ -473,6 +473,9 @@ def main() -> None:
         sys.exit(exc.exit_code)
     except SystemExit:
         raise
+    except KeyboardInterrupt:
+        err_console.print("interrupted", markup=False)
+        sys.exit(130)
     except PlannerError as exc:
         err_console.print(f"error: {exc}", markup=False, highlight=False)
         sys.exit(exc.exit_code)
