@@ -314,7 +314,7 @@ def _render_plans(res, m, c, info) -> None:
                   f"{e.tokens_per_s:,.0f}", f"{e.mfu * 100:.1f}%")
     console.print(t)
     console.print(f"searched {info['candidates']} candidates ({info['pruned_memory']} pruned by memory, "
-                  f"{info['pruned_bound']} by the compute bound, {info['priced']} priced) in {info['seconds']:.1f} s; "
+                  f"{info['pruned_bound']} by the step-time bound, {info['priced']} priced) in {info['seconds']:.1f} s; "
                   f"stage partition solver: {info['solver']}")
     if info["status"] == "time-limit":
         console.print(f"stopped at the time limit: no plan left unpriced can be more than "
