@@ -3,7 +3,7 @@ and throughput. This is the function `planner estimate` and the search call."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 
 from .errors import InvalidStrategy
@@ -14,7 +14,7 @@ from .strategy import Strategy, check_structure
 from .cost import compute as C
 from .cost.activations import BYTES_16BIT, expert_tokens_per_rank
 from .cost.comm import collective_time, group_link, p2p_link
-from .cost.memory import BYTES_PER_PARAM, StageMemory, stage_memory, stage_params
+from .cost.memory import BYTES_PER_PARAM, StageMemory, fully_recomputed_layers, stage_memory, stage_params
 from .cost.pipeline import pipeline_time
 
 # Host-side Adam for an offloaded optimizer streams the same 34 bytes/parameter through host
@@ -204,13 +204,19 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, s: Strategy) -> Estimate:
         start, end = ranges[i]
         n_moe = model.num_moe_layers_in(start, end)
         n_dense = (end - start) - n_moe
+        # layers that skip the recompute under --recompute-num-layers (block method)
+        full_set = fully_recomputed_layers(s, start, end)
+        n_moe_full = sum(1 for k in full_set if model.is_moe_layer(k)) if s.recompute == "full" else 0
+        n_dense_full = len(full_set) - n_moe_full
+        skip_dense, skip_moe = (n_dense - n_dense_full, n_moe - n_moe_full) if s.recompute == "full" else (0, 0)
         best = None
         for g in groups:
             lt_d = _layer_time(model, tk, g.gpu, False)
             lt_m = _layer_time(model, tk, g.gpu, True) if model.is_moe else lt_d
             f = n_dense * lt_d.forward + n_moe * lt_m.forward
             bwd = (n_dense * (lt_d.backward_input + lt_d.backward_weight + lt_d.recompute)
-                   + n_moe * (lt_m.backward_input + lt_m.backward_weight + lt_m.recompute))
+                   + n_moe * (lt_m.backward_input + lt_m.backward_weight + lt_m.recompute)
+                   - skip_dense * lt_d.recompute - skip_moe * lt_m.recompute)
             w = n_dense * lt_d.backward_weight + n_moe * lt_m.backward_weight
             core = n_dense * lt_d.core_attention_forward + n_moe * lt_m.core_attention_forward
             if i == 0:
@@ -229,6 +235,10 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, s: Strategy) -> Estimate:
         if s.tp > 1:
             per_layer, msg, link = tp_layer_collectives(model, s, groups, cluster)
             entries = [(kind, cnt * n_layers, t1) for kind, cnt, t1 in per_layer]
+            if skip_dense + skip_moe:   # layers not recomputed do not repeat their forward collectives
+                plain, _, _ = tp_layer_collectives(model, replace(s, recompute="none"), groups, cluster)
+                entries = [(kind, cnt * (n_layers - skip_dense - skip_moe) + cnt0 * (skip_dense + skip_moe), t1)
+                           for (kind, cnt, t1), (_, cnt0, _) in zip(per_layer, plain)]
             raw = sum(n_coll * t1 for _, n_coll, t1 in entries)
             tot = raw
             if s.tp_comm_overlap:
@@ -256,6 +266,9 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, s: Strategy) -> Estimate:
         if model.is_moe and s.ep > 1 and n_moe:
             cnt, t1, msg, link = ep_layer_collective(model, s, groups, cluster)
             n_coll = cnt * n_moe
+            if skip_moe:
+                cnt0, _, _, _ = ep_layer_collective(model, replace(s, recompute="none"), groups, cluster)
+                n_coll = cnt * (n_moe - skip_moe) + cnt0 * skip_moe
             exposed["ep"] = t1 * n_coll
             ledger.append(CommEntry("ep", "all-to-all", msg, s.ep, n_coll * m, t1 * n_coll * m,
                                     t1 * n_coll * m, link.bound_by, i))

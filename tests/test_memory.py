@@ -138,3 +138,27 @@ def test_optimizer_step_covers_only_the_local_shard():
          .stage_times[0].optimizer_s for z in (0, 1, 3)}
     assert t[1] == pytest.approx(t[3], rel=1e-9)
     assert t[0] > 10 * t[1]
+
+
+def test_block_recompute_time_and_memory_sit_between_none_and_full():
+    """--recompute-num-layers k (block method): only k layers per chunk re-run their forward.
+    Regression: the step time used to charge the recompute of every layer."""
+    from planner.estimate import estimate
+    from planner.library import load_cluster_ref, load_model_ref
+    from planner.strategy import Strategy
+
+    m, c = load_model_ref("llama3-70b"), load_cluster_ref("dgx-h100-x16")
+    base = Strategy(tp=8, pp=4, dp=4, vpp=2, micro_batch_size=1, global_batch_size=256, seq_length=4096)
+    none = estimate(m, c, base.with_(recompute="none"))
+    full = estimate(m, c, base.with_(recompute="full"))
+    ks = [estimate(m, c, base.with_(recompute="full", recompute_num_layers=k)) for k in (1, 4, 9, 10)]
+    times = [none.step_time_s] + [e.step_time_s for e in ks]
+    mems = [none.peak_memory.total] + [e.peak_memory.total for e in ks]
+    assert times == sorted(times) and len(set(times)) == len(times)       # more recompute, slower
+    assert mems == sorted(mems, reverse=True) and len(set(mems)) == len(mems)
+    # 10 layers per chunk: k = 10 is full recompute
+    assert ks[-1].step_time_s == pytest.approx(full.step_time_s, rel=1e-12)
+    assert ks[-1].peak_memory.total == pytest.approx(full.peak_memory.total, rel=1e-12)
+    # k = 1 re-runs 1 of 10 layers per chunk: about a tenth of full recompute's extra time
+    extra = (ks[0].step_time_s - none.step_time_s) / (full.step_time_s - none.step_time_s)
+    assert 0.05 < extra < 0.2

@@ -9,8 +9,8 @@ import pytest
 
 from planner.estimate import _time_key, estimate
 from planner.errors import InvalidStrategy
-from planner.search.planner import (MICRO_BATCHES, VPP_CHOICES, SearchOptions, _Bounds, enumerate_space,
-                                    search, stage_layouts)
+from planner.search.planner import (MICRO_BATCHES, VPP_CHOICES, SearchOptions, _Bounds, _initial_split,
+                                    enumerate_space, search, stage_layouts)
 from planner.specs.cluster import cluster_from_dict
 from planner.specs.model import model_from_dict
 from planner.strategy import Strategy, check_structure
@@ -69,16 +69,25 @@ def _space(model, cluster, o):
                             continue
                         for rec in o.recompute:
                             for z in o.zero_stages:
+                                s = Strategy(
+                                    tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, etp=etp, vpp=vpp,
+                                    micro_batch_size=mbs, global_batch_size=o.global_batch_size,
+                                    seq_length=o.seq_length, recompute=rec, sequence_parallel=tp > 1,
+                                    zero_stage=z, precision=o.precision,
+                                    schedule="interleaved" if vpp > 1 else "1f1b",
+                                    stage_node_groups=groups if cluster.is_heterogeneous else None,
+                                    overlap_grad_reduce=True, overlap_param_gather=z >= 1)
                                 for split in _splits(model.num_layers, pp, vpp):
-                                    yield Strategy(
-                                        tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, etp=etp, vpp=vpp,
-                                        micro_batch_size=mbs, global_batch_size=o.global_batch_size,
-                                        seq_length=o.seq_length, recompute=rec, sequence_parallel=tp > 1,
-                                        zero_stage=z, precision=o.precision,
-                                        schedule="interleaved" if vpp > 1 else "1f1b",
-                                        layers_per_stage=split,
-                                        stage_node_groups=groups if cluster.is_heterogeneous else None,
-                                        overlap_grad_reduce=True, overlap_param_gather=z >= 1)
+                                    yield s.with_(layers_per_stage=split)
+                                if rec != "full":
+                                    continue
+                                # full recompute of k layers per chunk: on the starting split only
+                                # (the search's definition; the partition is not re-solved for it)
+                                valid, split = _initial_split(model, cluster, s, groups)
+                                if valid:
+                                    per_chunk = min(split or s.stage_layers(model)) // vpp
+                                    for k in range(1, per_chunk):
+                                        yield s.with_(recompute_num_layers=k, layers_per_stage=split)
 
 
 def _brute_force(model, cluster, o):
@@ -91,10 +100,16 @@ def _brute_force(model, cluster, o):
             continue
         n_all += 1
         groups = s.stage_node_groups or (cluster.node_groups[0].name,) * s.pp
-        tk = _time_key(s)
-        # the bounds the search prunes with hold for every split
-        assert bounds.candidate(s, tk, groups) <= e.step_time_s * (1 + 1e-9), s
-        assert bounds.cell(s, tk, groups) <= e.step_time_s * (1 + 1e-9), s
+        if s.recompute_num_layers is None:
+            tk = _time_key(s)
+            # the bounds the search prunes with hold for every split
+            assert bounds.candidate(s, tk, groups) <= e.step_time_s * (1 + 1e-9), s
+            assert bounds.cell(s, tk, groups) <= e.step_time_s * (1 + 1e-9), s
+        else:   # a block-recompute child: bounded on the plain costs plus its recompute
+            plain = s.with_(recompute="none", recompute_num_layers=None)
+            lb = bounds.candidate(plain, _time_key(plain), groups, extra_s=bounds.recompute_extra(s, groups))
+            assert bounds.cell(plain, _time_key(plain), groups) <= e.step_time_s * (1 + 1e-9), s
+            assert lb <= e.step_time_s * (1 + 1e-9), s
         if e.fits:
             n_fit += 1
             if best is None or e.step_time_s < best.step_time_s:

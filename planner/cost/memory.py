@@ -114,19 +114,22 @@ class StageMemory:
         return self.total <= self.capacity
 
 
+def fully_recomputed_layers(s: Strategy, start: int, end: int):
+    """Layer indices of [start, end) that are fully recomputed: all of them under full
+    recompute, or with Megatron's 'block' method (--recompute-num-layers k) the first k layers
+    of each virtual chunk; the others keep everything (or all but core attention)."""
+    if s.recompute != "full":
+        return set()
+    if s.recompute_num_layers is None:
+        return range(start, end)
+    per_chunk = (end - start) // s.vpp
+    return {start + c * per_chunk + j for c in range(s.vpp) for j in range(min(s.recompute_num_layers, per_chunk))}
+
+
 def stage_activation_bytes(model: ModelSpec, s: Strategy, stage: int) -> tuple[float, float]:
     """(kept activations, transient working set) in bytes for pipeline rank `stage`."""
     start, end = s.stage_layer_ranges(model)[stage]
-    # Fully recomputed layers: all of them, or with Megatron's 'block' method the first k layers
-    # of each virtual chunk; the others keep everything (or all but core attention).
-    if s.recompute != "full":
-        full_set = set()
-    elif s.recompute_num_layers is None:
-        full_set = range(start, end)
-    else:
-        per_chunk = (end - start) // s.vpp
-        full_set = {start + c * per_chunk + j for c in range(s.vpp)
-                    for j in range(min(s.recompute_num_layers, per_chunk))}
+    full_set = fully_recomputed_layers(s, start, end)
     other = "selective" if s.recompute == "selective" else "none"
     # count layers by (MoE?, mode): layers of one kind are identical
     n_moe = model.num_moe_layers_in(start, end)

@@ -57,6 +57,9 @@ class SearchOptions:
     zero_stages: tuple[int, ...] = (0, 1)
     schedules: tuple[str, ...] = ("1f1b", "interleaved")
     solver: str = "dp"                # dp | ilp | ilp-highs
+    # with "full" in recompute: also full recompute of only the first k layers of each chunk
+    # (Megatron's --recompute-method block --recompute-num-layers k)
+    partial_recompute: bool = True
     allow_tp_across_nodes: bool = False
     time_limit_s: float = 60.0
 
@@ -373,24 +376,29 @@ class _Bounds:
             stages[key] = stages.get(key, 0) + 1
         return s.num_microbatches * _relaxed_minmax(stages, w["units"], 1)
 
-    def candidate(self, s: Strategy, tk: Strategy, groups: tuple[str, ...], max_layers=None) -> float:
+    def candidate(self, s: Strategy, tk: Strategy, groups: tuple[str, ...], max_layers=None, extra_s=None) -> float:
         """Bound for one concrete candidate (its vpp, ZeRO stage and stage order):
         (m - 1/v) T + W / v + the optimizer step, with T the least slowest-stage time and W the
         least sum of stage times over all layer splits (pipeline.py: T_pipe = (m - 1/v) max t_i
         + sum t_i / v; after the pipeline every stage runs its optimizer step, and the slowest
         takes at least the mean shard on the fastest GPU; DP sync only adds).
-        `max_layers`: the most layers each stage can hold in memory, if known."""
+        `max_layers`: the most layers each stage can hold in memory, if known; `extra_s`: seconds
+        per micro-batch each stage adds on top of s's layer costs (recompute of k layers)."""
         p, v, m = s.pp, s.vpp, s.num_microbatches
         names = sorted(set(groups))
         w, least = self.work(s, tk, names)
         # hop[i]: stage i to stage i + 1, on one node or across (estimate's stages_share_node)
         per = s.gpus_per_stage
+        gpn = {g: self.cluster.group(g).gpus_per_node for g in names}
+        seen: dict = {}
         hop = []
         for i in range(p - 1):
             a, b = groups[i], groups[i + 1]
-            G = self.cluster.group(a).gpus_per_node
-            same = a == b and (i * per) // G == ((i + 2) * per - 1) // G
-            hop.append(2 * v * self.pp_hop(s, a, b, same))
+            same = a == b and (i * per) // gpn[a] == ((i + 2) * per - 1) // gpn[a]
+            key = (a, b, same)
+            if key not in seen:
+                seen[key] = 2 * v * self.pp_hop(s, a, b, same)
+            hop.append(seen[key])
         stages: dict = {}
         W = least
         for i, g in enumerate(groups):
@@ -401,6 +409,8 @@ class _Bounds:
                 e += self.ends(s, tk, g)[1]
             if p > 1:
                 e += max(hop[i - 1] if i > 0 else 0.0, hop[i] if i < p - 1 else 0.0)
+            if extra_s is not None:
+                e += extra_s[i]
             cap = float("inf") if max_layers is None else max_layers[i] * w["unit_max"]
             key = (w["rate"][g], w["floor"][g], e, cap)
             stages[key] = stages.get(key, 0) + 1
@@ -408,6 +418,17 @@ class _Bounds:
         T = _relaxed_minmax(stages, w["units"], v)
         pipe = m * T if p == 1 else (m - 1.0 / v) * T + W / v
         return pipe + self.after_step(s, names)
+
+    def recompute_extra(self, s: Strategy, groups: tuple[str, ...]) -> list[float]:
+        """Per stage, the least seconds a micro-batch spends re-running the forward of its
+        fully recomputed layers (recompute_num_layers k: k per chunk, on s's own split), the
+        lighter layer kind on the stage's group."""
+        tk = _time_key(replace(s, recompute_num_layers=None))
+        kinds = [moe for moe, n in ((False, self.model.num_dense_layers), (True, self.model.num_moe_layers)) if n]
+        per = {g: min(_layer_time(self.model, tk, self.cluster.group(g).gpu, moe).recompute for moe in kinds)
+               for g in set(groups)}
+        return [s.vpp * min(s.recompute_num_layers, (b - a) // s.vpp) * per[groups[i]]
+                for i, (a, b) in enumerate(s.stage_layer_ranges(self.model))]
 
     def after_step(self, s: Strategy, names) -> float:
         """Least seconds after the pipeline drains (estimate's after-step term, max over
@@ -469,11 +490,12 @@ def _relaxed_minmax(stages: dict[tuple[float, float, float, float], int], units:
     increasing and piecewise linear in T: solved exactly piece by piece."""
     items = [(r, e, cap, k) for (r, _, e, cap), k in stages.items()]
     floor = max(n_min * f + e for (_, f, e, _) in stages)
+    need_units = units * (1 - _UNITS_TOL)   # caps that exactly hold the model are enough
 
     def held(T):
         return sum(k * min(cap, (T - e) / r) for r, e, cap, k in items)
 
-    if held(floor) >= units:
+    if held(floor) >= need_units:
         return floor
     T = floor
     # breakpoints where a stage fills its memory; between them the slope is the sum of 1/r
@@ -481,12 +503,16 @@ def _relaxed_minmax(stages: dict[tuple[float, float, float, float], int], units:
     for x in sorted(e + r * cap for r, e, cap, _ in items if e + r * cap > floor) + [float("inf")]:
         slope = sum(k / r for r, e, cap, k in items if e + r * cap > T)
         if slope <= 0:
-            return float("inf")   # every stage is full: no split fits
-        need = (units - held(T)) / slope
+            return T if held(T) >= need_units else float("inf")   # every stage is full
+        need = (need_units - held(T)) / slope
         if T + need <= x:
             return T + need
         T = x
     return float("inf")
+
+
+# Relative slack when comparing summed work units (sums of the same floats in another order).
+_UNITS_TOL = 1e-9
 
 
 # ---- the search ------------------------------------------------------------------------------
@@ -531,21 +557,28 @@ def search(model: ModelSpec, cluster: ClusterSpec, o: SearchOptions, progress=No
             vpps = [v for v in vpp_opts
                     if v == 1 or (pp >= 2 and m % pp == 0 and "interleaved" in o.schedules
                                   and model.num_layers % v == 0 and model.num_layers >= pp * v)]
-            for rec in rec_opts:
+            block = "full" in rec_opts and o.partial_recompute and "recompute" not in fixed
+            for rec in rec_opts + (["block"] if block else []):
+                # a 'block' cell is bounded as if nothing were recomputed (its children add the
+                # recompute of their k layers per chunk to the bound)
                 base = Strategy(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, etp=etp, micro_batch_size=mbs,
                                 global_batch_size=o.global_batch_size, seq_length=o.seq_length,
-                                recompute=rec, sequence_parallel=tp > 1, precision=o.precision,
-                                overlap_grad_reduce=True)
+                                recompute="none" if rec == "block" else rec, sequence_parallel=tp > 1,
+                                precision=o.precision, overlap_grad_reduce=True)
                 tk = interned.setdefault(_time_key(base), _time_key(base))   # one object per key: cache hits by identity
+                vpps_here = [v for v in vpps if model.num_layers // pp // v >= 2] if rec == "block" else vpps
                 for orders in layouts.values():
-                    n_children = len(vpps) * len(zero_opts) * len(orders)
+                    n_children = len(vpps_here) * len(zero_opts) * len(orders)
+                    if n_children == 0:
+                        continue
                     res.candidates += n_children
                     if len(heap) >= MAX_CELLS:
                         raise PlannerError(f"search space exceeds {MAX_CELLS} cells (degrees x micro-batch x "
                                            "recompute x stage placement); fix some degrees with --fix "
                                            "(e.g. --fix tp=8 --fix pp=16)")
                     lb = bounds.cell(base, tk, orders[0])
-                    heapq.heappush(heap, (lb, next(tie), 0, (base, tk, tuple(orders), tuple(vpps), n_children)))
+                    heapq.heappush(heap, (lb, next(tie), 0, (base, tk, tuple(orders), tuple(vpps_here), n_children,
+                                                            rec == "block")))
     # 2. best first: expand cells into candidates, price candidates, stop at the K-th best plan
     found: list[Estimate] = []
     seen: set = set()
@@ -569,21 +602,45 @@ def search(model: ModelSpec, cluster: ClusterSpec, o: SearchOptions, progress=No
             break
         heapq.heappop(heap)
         if kind == 0:
-            base, tk, orders, vpps, _ = payload
+            base, tk, orders, vpps, _, block = payload
             for vpp in vpps:
                 for z in zero_opts:
                     for groups in orders:
                         c = replace(base, vpp=vpp, schedule="interleaved" if vpp > 1 else "1f1b",
                                     zero_stage=z, overlap_param_gather=z >= 1,
                                     stage_node_groups=groups if cluster.is_heterogeneous else None)
-                        heapq.heappush(heap, (bounds.candidate(c, tk, groups), next(tie), 1, c))
+                        if not block:
+                            heapq.heappush(heap, (bounds.candidate(c, tk, groups), next(tie), 1, c))
+                            continue
+                        # full recompute of k layers per chunk: queued with the bound of k = 1
+                        # (each stage re-runs at least vpp layers); k is chosen when it is popped
+                        extra = bounds.recompute_extra(replace(c, recompute="full", recompute_num_layers=1), groups)
+                        heapq.heappush(heap, (bounds.candidate(c, tk, groups, extra_s=extra), next(tie), 3, (c, tk, groups)))
+            continue
+        if kind == 3:
+            # a block-recompute child: on its starting split (the partition assumes every layer
+            # recomputed alike, so it is not re-solved), more recomputed layers only cost time
+            # and save memory, so the smallest k that fits dominates every larger k
+            c, tk, groups = payload
+            valid, split = _initial_split(model, cluster, c, groups)
+            if not valid:
+                continue
+            per_chunk = min(split or c.stage_layers(model)) // c.vpp
+            ck = _least_block_recompute(model, cluster, replace(c, recompute="full", layers_per_stage=split),
+                                        per_chunk - 1)
+            if ck is None:
+                res.pruned_memory += 1
+                continue
+            extra = bounds.recompute_extra(ck, groups)
+            heapq.heappush(heap, (bounds.candidate(c, tk, groups, extra_s=extra), next(tie), 1, ck))
             continue
         c = payload
         if kind == 1:
-            valid, split = _initial_split(model, cluster, c, c.stage_node_groups or ())
-            if not valid:
-                continue   # no split gives every stage a multiple of vpp layers
-            c = replace(c, layers_per_stage=split)
+            if c.recompute_num_layers is None:
+                valid, split = _initial_split(model, cluster, c, c.stage_node_groups or ())
+                if not valid:
+                    continue   # no split gives every stage a multiple of vpp layers
+                c = replace(c, layers_per_stage=split)
             try:
                 check_structure(c, model)
             except InvalidStrategy:
@@ -598,7 +655,12 @@ def search(model: ModelSpec, cluster: ClusterSpec, o: SearchOptions, progress=No
                     closest = (short_bytes, c)
                 continue
             # with the layers each stage can hold, the bound may rise: queue it again
-            lb2 = bounds.candidate(c, _time_key(c), c.stage_node_groups or (cluster.node_groups[0].name,) * c.pp, n_max)
+            groups = c.stage_node_groups or (cluster.node_groups[0].name,) * c.pp
+            if c.recompute_num_layers is None:
+                lb2 = bounds.candidate(c, _time_key(c), groups, n_max)
+            else:
+                plain = replace(c, recompute="none", recompute_num_layers=None)
+                lb2 = bounds.candidate(plain, _time_key(plain), groups, n_max, extra_s=bounds.recompute_extra(c, groups))
             if lb2 > lb * (1 + 1e-9):
                 heapq.heappush(heap, (lb2, next(tie), 2, c))
                 continue
@@ -627,12 +689,47 @@ def search(model: ModelSpec, cluster: ClusterSpec, o: SearchOptions, progress=No
     return res
 
 
+def _fits_exactly(model, cluster, s: Strategy) -> bool:
+    placement = placement_of(s)
+    for i in range(s.pp):
+        gpu = cluster.group(s.stage_node_groups[i]).gpu if s.stage_node_groups else cluster.node_groups[0].gpu
+        if not stage_memory(model, s, placement, i, gpu).fits:
+            return False
+    return True
+
+
+def _least_block_recompute(model, cluster, s: Strategy, k_max: int):
+    """The strategy with the fewest fully recomputed layers per chunk (1..k_max) that fits, or
+    None. Memory falls and time rises with k, so this k is the only one worth pricing."""
+    if k_max < 1:
+        return None
+    try:
+        check_structure(replace(s, recompute_num_layers=k_max), model)
+    except InvalidStrategy:
+        return None
+    if not _fits_exactly(model, cluster, replace(s, recompute_num_layers=k_max)):
+        return None
+    lo, hi = 1, k_max
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if _fits_exactly(model, cluster, replace(s, recompute_num_layers=mid)):
+            hi = mid
+        else:
+            lo = mid + 1
+    return replace(s, recompute_num_layers=lo)
+
+
 def _memory_screen(model: ModelSpec, cluster: ClusterSpec, s: Strategy, need_short: bool):
     """(may fit, bytes short, most layers each stage can hold). Stage i holds at most
     n_i = (capacity - fixed) / per-layer layers (a multiple of vpp), with the lower bounds of
     cost/memory.py, so a split can only fit if every n_i >= vpp and the n_i reach the model's
     layers. Bytes short (of the starting split, for the closest-plan report) only if asked."""
     placement = placement_of(s)
+    if s.recompute_num_layers is not None:
+        # block recompute is priced on its own split: its memory is known exactly
+        mems = [stage_memory(model, s, placement, i, cluster.group(s.stage_node_groups[i]).gpu
+                             if s.stage_node_groups else cluster.node_groups[0].gpu) for i in range(s.pp)]
+        return all(m.fits for m in mems), max(m.total - m.capacity for m in mems), list(s.stage_layers(model))
     kinds = [k for k, n in ((False, model.num_dense_layers), (True, model.num_moe_layers)) if n]
     n_max = []
     may_fit = True
