@@ -54,7 +54,7 @@ def main(argv=None):
             e = r.plans[0]
             s = e.strategy
             top = (f"tp{s.tp} pp{s.pp} dp{s.dp} cp{s.cp} ep{s.ep} vpp{s.vpp} mbs{s.micro_batch_size} "
-                   f"{s.recompute} z{s.zero_stage} step {e.step_time_s:.2f}s MFU {e.mfu * 100:.1f}%"
+                   f"{s.recompute_label} z{s.zero_stage} step {e.step_time_s:.2f}s MFU {e.mfu * 100:.1f}%"
                    f" [{' '.join(sorted(set(e.stage_groups)))}]")
         else:
             top = "no plan fits"

@@ -308,7 +308,7 @@ def _render_plans(res, m, c, info) -> None:
         s = e.strategy
         pk = e.peak_memory
         layers = _compress([str(x) for x in s.stage_layers(m)])
-        t.add_row(str(k), f"{s.tp} {s.pp} {s.dp} {s.cp} {s.ep} {s.vpp}", str(s.micro_batch_size), s.recompute,
+        t.add_row(str(k), f"{s.tp} {s.pp} {s.dp} {s.cp} {s.ep} {s.vpp}", str(s.micro_batch_size), s.recompute_label,
                   str(s.zero_stage), layers, _compress(e.stage_groups),
                   f"{pk.total / 2**30:.1f}/{pk.capacity / 2**30:.1f}", f"{e.step_time_s:.3f}",
                   f"{e.tokens_per_s:,.0f}", f"{e.mfu * 100:.1f}%")
@@ -368,7 +368,7 @@ def _report_no_fit(res, m, c, as_json, info, fixed=()) -> None:
                           "stage": worst.stage, "short_bytes": short, "needed_bytes": worst.total,
                           "usable_bytes": worst.capacity, "suggestions": hints}
         text = (f"no plan fits in memory. Closest: tp={s.tp} pp={s.pp} dp={s.dp} cp={s.cp} ep={s.ep} "
-                f"mbs={s.micro_batch_size} recompute={s.recompute} zero={s.zero_stage}: stage {worst.stage} needs "
+                f"mbs={s.micro_batch_size} recompute={s.recompute_label} zero={s.zero_stage}: stage {worst.stage} needs "
                 f"{worst.total / 2**30:.1f} GiB of {worst.capacity / 2**30:.1f} GiB usable "
                 f"({short / 2**30:.1f} GiB short). Try: " + "; ".join(hints))
     else:
@@ -412,7 +412,7 @@ def compare(
     t.add_column("B", justify="right")
     rows = [("model", a.model.name, b.model.name)]
     for label, key in (("tp", "tp"), ("pp", "pp"), ("dp", "dp"), ("cp", "cp"), ("ep", "ep"), ("vpp", "vpp"),
-                       ("micro batch", "micro_batch_size"), ("recompute", "recompute"), ("zero", "zero_stage"),
+                       ("micro batch", "micro_batch_size"), ("recompute", "recompute_label"), ("zero", "zero_stage"),
                        ("schedule", "schedule"), ("precision", "precision")):
         rows.append((label, str(getattr(a.strategy, key)), str(getattr(b.strategy, key))))
     rows.append(("layers/stage", _compress([str(x) for x in a.strategy.stage_layers(a.model)]),

@@ -92,6 +92,13 @@ class Strategy:
         """[start, end) layer indices per pipeline rank (all its virtual chunks together)."""
         return _ranges(self.stage_layers(model))
 
+    @property
+    def recompute_label(self) -> str:
+        """'none' | 'selective' | 'full' | 'full k/chunk' (block method on k layers per chunk)."""
+        if self.recompute == "full" and self.recompute_num_layers is not None:
+            return f"full {self.recompute_num_layers}/chunk"
+        return self.recompute
+
     def with_(self, **kw) -> "Strategy":
         return replace(self, **kw)
 

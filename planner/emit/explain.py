@@ -67,7 +67,7 @@ def differing_terms(a: Estimate, b: Estimate) -> list[tuple[str, float, float]]:
 def strategy_line(e: Estimate) -> str:
     s = e.strategy
     return (f"tp={s.tp} pp={s.pp} dp={s.dp} cp={s.cp} ep={s.ep} vpp={s.vpp} mbs={s.micro_batch_size} "
-            f"recompute={s.recompute} zero={s.zero_stage} {s.schedule}")
+            f"recompute={s.recompute_label} zero={s.zero_stage} {s.schedule}")
 
 
 def render_explain(e: Estimate, console) -> None:

@@ -94,7 +94,7 @@ def render_estimate(e: Estimate, console) -> None:
     s = e.strategy
     console.print(f"[bold]{e.model.name}[/] on [bold]{e.cluster.name}[/]: tp={s.tp} pp={s.pp} dp={s.dp} "
                   f"cp={s.cp} ep={s.ep} vpp={s.vpp} mbs={s.micro_batch_size} gbs={s.global_batch_size} "
-                  f"seq={s.seq_length} recompute={s.recompute} sp={s.sp} zero={s.zero_stage} {s.precision}")
+                  f"seq={s.seq_length} recompute={s.recompute_label} sp={s.sp} zero={s.zero_stage} {s.precision}")
     t = Table(title="Memory per GPU by pipeline stage (GiB)")
     for col in ("stage", "group", "layers", "params", "grads", "optim", "activ", "buffers", "total",
                 "usable", "fits"):
