@@ -300,6 +300,8 @@ def plan(
 
 def _render_plans(res, m, c, info) -> None:
     from rich.table import Table
+
+    from .emit.report import compress_runs
     t = Table(title=f"Top plans: {m.name} on {c.name} ({c.num_gpus} GPUs)")
     for col in ("#", "tp pp dp cp ep vpp", "mbs", "recompute", "zero", "layers/stage", "stages on",
                 "GiB used/usable", "step s", "tokens/s", "MFU"):
@@ -307,9 +309,9 @@ def _render_plans(res, m, c, info) -> None:
     for k, e in enumerate(res.plans, 1):
         s = e.strategy
         pk = e.peak_memory
-        layers = _compress([str(x) for x in s.stage_layers(m)])
+        layers = compress_runs([str(x) for x in s.stage_layers(m)])
         t.add_row(str(k), f"{s.tp} {s.pp} {s.dp} {s.cp} {s.ep} {s.vpp}", str(s.micro_batch_size), s.recompute_label,
-                  str(s.zero_stage), layers, _compress(e.stage_groups),
+                  str(s.zero_stage), layers, compress_runs(e.stage_groups),
                   f"{pk.total / 2**30:.1f}/{pk.capacity / 2**30:.1f}", f"{e.step_time_s:.3f}",
                   f"{e.tokens_per_s:,.0f}", f"{e.mfu * 100:.1f}%")
     console.print(t)
@@ -325,16 +327,6 @@ def _render_plans(res, m, c, info) -> None:
     if res.idle_groups:
         console.print(f"node groups left idle by the best plan: {', '.join(res.idle_groups)} "
                       "(adding them did not make a faster plan under the cost model)")
-
-
-def _compress(groups) -> str:
-    out = []
-    for g in groups:
-        if out and out[-1][0] == g:
-            out[-1][1] += 1
-        else:
-            out.append([g, 1])
-    return " ".join(f"{g}x{n}" for g, n in out)
 
 
 def _report_no_fit(res, m, c, as_json, info, fixed=()) -> None:
@@ -391,7 +383,7 @@ def compare(
 ):
     """Two plans (or launches) side by side on one cluster, and the terms that differ."""
     from .emit.check import load_plan_or_launch
-    from .emit.explain import differing_terms, render_difference, time_terms
+    from .emit.explain import differing_terms, render_compare
     from .emit.report import estimate_to_dict
     from .estimate import estimate as run_estimate
     from .library import load_cluster_ref
@@ -405,30 +397,7 @@ def compare(
         _print_json({"a": estimate_to_dict(a), "b": estimate_to_dict(b),
                      "differing_terms": [{"term": k, "a_s": va, "b_s": vb} for k, va, vb in differing_terms(a, b)]})
         raise typer.Exit(0)
-    from rich.table import Table
-    t = Table(title=f"{plan_a} vs {plan_b} on {c.name}")
-    t.add_column("")
-    t.add_column("A", justify="right")
-    t.add_column("B", justify="right")
-    rows = [("model", a.model.name, b.model.name)]
-    for label, key in (("tp", "tp"), ("pp", "pp"), ("dp", "dp"), ("cp", "cp"), ("ep", "ep"), ("vpp", "vpp"),
-                       ("micro batch", "micro_batch_size"), ("recompute", "recompute_label"), ("zero", "zero_stage"),
-                       ("schedule", "schedule"), ("precision", "precision")):
-        rows.append((label, str(getattr(a.strategy, key)), str(getattr(b.strategy, key))))
-    rows.append(("layers/stage", _compress([str(x) for x in a.strategy.stage_layers(a.model)]),
-                 _compress([str(x) for x in b.strategy.stage_layers(b.model)])))
-    rows.append(("peak GiB / usable", f"{a.peak_memory.total / 2**30:.1f} / {a.peak_memory.capacity / 2**30:.1f}",
-                 f"{b.peak_memory.total / 2**30:.1f} / {b.peak_memory.capacity / 2**30:.1f}"))
-    rows.append(("fits", str(a.fits), str(b.fits)))
-    rows.append(("step s", f"{a.step_time_s:.3f}", f"{b.step_time_s:.3f}"))
-    for k in dict.fromkeys(list(time_terms(a)) + list(time_terms(b))):
-        rows.append((f"  {k} s", f"{time_terms(a).get(k, 0.0):.3f}", f"{time_terms(b).get(k, 0.0):.3f}"))
-    rows.append(("tokens/s", f"{a.tokens_per_s:,.0f}", f"{b.tokens_per_s:,.0f}"))
-    rows.append(("MFU", f"{a.mfu * 100:.1f}%", f"{b.mfu * 100:.1f}%"))
-    for r in rows:
-        t.add_row(*r)
-    console.print(t)
-    render_difference(a, b, console, "A", "B")
+    render_compare(a, b, console, f"{plan_a} vs {plan_b} on {c.name}")
     raise typer.Exit(0)
 
 

@@ -112,3 +112,36 @@ def render_difference(a: Estimate, b: Estimate, console, label_a: str = "#1", la
     t.add_row("peak memory GiB", f"{pa.total / GIB:.1f}", f"{pb.total / GIB:.1f}", f"{(pb.total - pa.total) / GIB:+.1f}")
     console.print(t)
     console.print(f"{label_a}: {strategy_line(a)}\n{label_b}: {strategy_line(b)}", markup=False)
+
+
+def render_compare(a: Estimate, b: Estimate, console, title: str) -> None:
+    """Two estimates side by side (choices, memory, step-time parts, throughput), then the
+    terms that differ."""
+    from rich.table import Table
+
+    from .report import compress_runs
+
+    t = Table(title=title)
+    t.add_column("")
+    t.add_column("A", justify="right")
+    t.add_column("B", justify="right")
+    rows = [("model", a.model.name, b.model.name)]
+    for label, key in (("tp", "tp"), ("pp", "pp"), ("dp", "dp"), ("cp", "cp"), ("ep", "ep"), ("vpp", "vpp"),
+                       ("micro batch", "micro_batch_size"), ("recompute", "recompute_label"), ("zero", "zero_stage"),
+                       ("schedule", "schedule"), ("precision", "precision")):
+        rows.append((label, str(getattr(a.strategy, key)), str(getattr(b.strategy, key))))
+    rows.append(("layers/stage", compress_runs([str(x) for x in a.strategy.stage_layers(a.model)]),
+                 compress_runs([str(x) for x in b.strategy.stage_layers(b.model)])))
+    rows.append(("peak GiB / usable", f"{a.peak_memory.total / GIB:.1f} / {a.peak_memory.capacity / GIB:.1f}",
+                 f"{b.peak_memory.total / GIB:.1f} / {b.peak_memory.capacity / GIB:.1f}"))
+    rows.append(("fits", str(a.fits), str(b.fits)))
+    rows.append(("step s", f"{a.step_time_s:.3f}", f"{b.step_time_s:.3f}"))
+    ta, tb = time_terms(a), time_terms(b)
+    for k in dict.fromkeys(list(ta) + list(tb)):
+        rows.append((f"  {k} s", f"{ta.get(k, 0.0):.3f}", f"{tb.get(k, 0.0):.3f}"))
+    rows.append(("tokens/s", f"{a.tokens_per_s:,.0f}", f"{b.tokens_per_s:,.0f}"))
+    rows.append(("MFU", f"{a.mfu * 100:.1f}%", f"{b.mfu * 100:.1f}%"))
+    for r in rows:
+        t.add_row(*r)
+    console.print(t)
+    render_difference(a, b, console, "A", "B")

@@ -84,6 +84,17 @@ def _stage_nodes(e: Estimate):
     return [r["group_nodes"] for r in stage_host_map(e.strategy, e.stage_groups, gpn)]
 
 
+def compress_runs(items) -> str:
+    """'h100 h100 a100' -> 'h100x2 a100x1' (runs of equal neighbours, for narrow tables)."""
+    out = []
+    for g in items:
+        if out and out[-1][0] == g:
+            out[-1][1] += 1
+        else:
+            out.append([g, 1])
+    return " ".join(f"{g}x{n}" for g, n in out)
+
+
 def _gib(x: float) -> str:
     return f"{x / GIB:.1f}"
 
