@@ -148,6 +148,10 @@ def check_structure(s: Strategy, model: ModelSpec) -> None:
     if g % s.tp != 0 and s.tp % g != 0:
         raise InvalidStrategy("query-groups-vs-tp",
                               f"num_query_groups ({g}) must be a multiple or divisor of tp ({s.tp})")
+    if model.position_embedding_type == "learned_absolute" and s.seq_length > model.max_position_embeddings:
+        raise InvalidStrategy("max-positions",
+                              f"seq_length {s.seq_length} exceeds the learned position table of {model.name} "
+                              f"({model.max_position_embeddings} positions)")
     if s.cp > 1 and s.seq_length % (2 * s.cp) != 0:
         raise InvalidStrategy("seq-divisible-by-2cp",
                               f"seq_length {s.seq_length} must be a multiple of 2 x cp ({2 * s.cp})")

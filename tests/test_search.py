@@ -6,6 +6,7 @@ import itertools
 from dataclasses import replace
 
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from planner.estimate import _time_key, estimate
 from planner.errors import InvalidStrategy
@@ -198,3 +199,27 @@ def test_time_limit_reports_a_true_gap(monkeypatch):
         assert 0 <= r.optimality_gap < 1 and optimum >= best * (1 - r.optimality_gap) - 1e-12
         return
     pytest.fail("no simulated time limit cut the search after a plan was found")
+
+
+@settings(max_examples=12, deadline=None)
+@given(st.sampled_from(["llama3-8b", "mixtral-8x7b", "qwen2.5-72b", "gpt-neox-20b", "llama3-70b"]),
+       st.sampled_from(["dgx-h100-x8", "h100-a100-lab", "selene-a100-x64"]),
+       st.sampled_from([64, 128, 256]), st.sampled_from([2048, 4096, 8192]))
+def test_returned_plans_fit_and_emit_launches_megatron_accepts(model_name, cluster_name, gbs, seq):
+    """The two promises: no returned plan exceeds memory, and its emitted launch passes the
+    Megatron rules (checked_args raises otherwise; the parsed launch is checked again)."""
+    from planner.emit.megatron import checked_args
+    from planner.emit.megatron_parse import parse_words
+    from planner.emit.megatron_rules import megatron_violations
+    from planner.library import load_cluster_ref, load_model_ref
+
+    model, cluster = load_model_ref(model_name), load_cluster_ref(cluster_name)
+    r = search(model, cluster, SearchOptions(global_batch_size=gbs, seq_length=seq, top=3))
+    for e in r.plans:
+        again = estimate(model, cluster, e.strategy)
+        assert again.fits and all(m.total <= m.capacity for m in again.memory)
+        args = checked_args(model, e.strategy)
+        launch = parse_words(args + ["--world-size", str(e.strategy.world_size)], "emitted")
+        assert megatron_violations(launch, model) == []
+    if not r.plans:
+        assert r.closest is None or not r.closest.fits

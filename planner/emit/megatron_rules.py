@@ -82,8 +82,10 @@ def megatron_violations(launch: MegatronLaunch, model: ModelSpec | None = None) 
     if seq is None:
         bad("seq-length", "--seq-length is required")
         seq = 0
-    if seq and m.max_position_embeddings < seq:
-        bad("max-positions", f"max_position_embeddings ({m.max_position_embeddings}) must be >= seq_length ({seq})")
+    # Megatron checks the launch's own --max-position-embeddings (default: the parsed model's)
+    max_pos = launch.model.max_position_embeddings
+    if seq and max_pos < seq:
+        bad("max-positions", f"max_position_embeddings ({max_pos}) must be >= seq_length ({seq})")
     if cp > 1 and seq % (2 * cp):
         bad("seq-divisible-by-2cp", f"seq_length ({seq}) must be a multiple of 2 x context-parallel-size ({2 * cp})")
     # --- pipeline layout flags

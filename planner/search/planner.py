@@ -535,6 +535,9 @@ def _initial_split(model: ModelSpec, cluster: ClusterSpec, s: Strategy, groups: 
 
 def search(model: ModelSpec, cluster: ClusterSpec, o: SearchOptions, progress=None) -> SearchResult:
     t0 = time.perf_counter()
+    if model.position_embedding_type == "learned_absolute" and o.seq_length > model.max_position_embeddings:
+        raise PlannerError(f"--seq-length {o.seq_length} exceeds the learned position table of {model.name} "
+                           f"(max_position_embeddings {model.max_position_embeddings}); no plan can run it")
     fixed = dict(o.fixed)
     res = SearchResult(plans=[], solver=o.solver)
     bounds = _Bounds(model, cluster)
