@@ -217,6 +217,8 @@ def plan(
     zero: str = typer.Option("0,1", "--zero-stages", help="ZeRO stages to consider (2, 3 = Megatron-FSDP)"),
     solver: str = typer.Option("dp", "--solver", help="dp | ilp | ilp-highs: stage-partition solver (the search always prices with the exact DP; ilp re-solves the top plans as an ILP)"),
     time_limit: float = typer.Option(120.0, "--time-limit", help="Seconds before the search stops with its best so far."),
+    allow_tp_across_nodes: bool = typer.Option(False, "--allow-tp-across-nodes",
+                                               help="Also try TP groups larger than a node (slow networks make them lose)."),
     emit: Optional[str] = typer.Option(None, "--emit", help="megatron: write launch files"),
     out: Optional[str] = typer.Option(None, "--out", help="Folder for --emit"),
     force: bool = typer.Option(False, "--force", help="Overwrite an existing --out folder"),
@@ -253,7 +255,7 @@ def plan(
     c = load_cluster_ref(cluster)
     opts = SearchOptions(global_batch_size=global_batch_size, seq_length=seq_length, top=top,
                          fixed=_parse_fix(fix), precision=precision, zero_stages=zs, solver=solver,
-                         time_limit_s=time_limit)
+                         time_limit_s=time_limit, allow_tp_across_nodes=allow_tp_across_nodes)
     if as_json:
         res = search(m, c, opts)
     else:

@@ -168,11 +168,14 @@ def enumerate_space(model: ModelSpec, cluster: ClusterSpec, o: SearchOptions):
                 for dp in dps:
                     per = tp * cp * dp
                     for ep in eps:
-                        for etp in ([1] if model.is_moe else [None]):
+                        # expert-TP: 1 (experts whole, the usual choice with EP) or the dense TP
+                        # (Megatron's default when --expert-tensor-parallel-size is unset)
+                        etps = (([1] + ([tp] if tp > 1 else [])) if model.is_moe else [None])
+                        if "etp" in fixed and model.is_moe:
+                            etps = [fixed["etp"]]
+                        for etp in etps:
                             if model.is_moe and (per % (etp * ep) or (pp * per) % (etp * ep * pp)):
                                 continue
-                            if "etp" in fixed:
-                                etp = fixed["etp"]
                             yield tp, cp, pp, dp, ep, etp
 
 
