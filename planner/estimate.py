@@ -197,6 +197,7 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, s: Strategy) -> Estimate:
     M = s.seq_length / s.cp * s.micro_batch_size
     h = model.hidden_size
     memory, times, ledger = [], [], []
+    recomputed = 0   # fully recomputed layers over all stages
     for i, groups in enumerate(stage_groups):
         # the slowest GPU spanned sets the pace; the smallest memory sets the capacity
         mems = [stage_memory(model, s, placement, i, g.gpu, "+".join(x.name for x in groups)) for g in groups]
@@ -206,9 +207,10 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, s: Strategy) -> Estimate:
         n_dense = (end - start) - n_moe
         # layers that skip the recompute under --recompute-num-layers (block method)
         full_set = fully_recomputed_layers(s, start, end)
-        n_moe_full = sum(1 for k in full_set if model.is_moe_layer(k)) if s.recompute == "full" else 0
-        n_dense_full = len(full_set) - n_moe_full
-        skip_dense, skip_moe = (n_dense - n_dense_full, n_moe - n_moe_full) if s.recompute == "full" else (0, 0)
+        recomputed += len(full_set)
+        n_moe_full = sum(1 for k in full_set if model.is_moe_layer(k))
+        skip_dense, skip_moe = ((n_dense - (len(full_set) - n_moe_full), n_moe - n_moe_full)
+                                if s.recompute == "full" else (0, 0))
         best = None
         for g in groups:
             lt_d = _layer_time(model, tk, g.gpu, False)
@@ -330,12 +332,9 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, s: Strategy) -> Estimate:
             msg = model.embedding_params(s.tp) / s.tp * bpp["gradients"]
             tied = collective_time("all-reduce", msg, 2, link)
             ledger.append(CommEntry("embedding", "all-reduce", msg, 2, 1, tied, tied, link.bound_by, i))
-        # optimizer step over this rank's shard
-        # parameters in this rank's optimizer shard: the stage's parameters x the optimizer's
-        # shard factor (model axes and data axes alike)
-        opt_params = (sp_counts.dense * placement.shard_factor("optimizer", "dense")
-                      + sp_counts.norms * placement.shard_factor("optimizer", "norms")
-                      + sp_counts.experts * placement.shard_factor("optimizer", "experts"))
+        # optimizer step over this rank's shard: the stage's parameters x the optimizer's shard
+        # factor (model axes and data axes alike)
+        opt_params = placement.state_params("optimizer", sp_counts)
         if s.offload_optimizer:
             n_data = s.dp * s.cp
             local = sum(per_rank.values()) / n_data
@@ -371,8 +370,7 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, s: Strategy) -> Estimate:
     mf = C.model_flops_per_step(model, s)
     # hardware FLOPs add the recomputed forward work (HFU numerator)
     if s.recompute == "full":
-        frac = 1.0 / 3.0 if s.recompute_num_layers is None else (s.recompute_num_layers * s.vpp * s.pp / model.num_layers) / 3.0
-        hf = mf * (1 + frac)
+        hf = mf * (1 + recomputed / model.num_layers / 3.0)   # a re-run forward is 1/3 of a layer
     elif s.recompute == "selective":
         # selective recompute repeats the core-attention forward: 4 B s^2 a d per layer
         attn = 4.0 * s.global_batch_size * s.seq_length ** 2 * model.num_attention_heads \

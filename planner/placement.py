@@ -85,8 +85,11 @@ class Placement:
 
     def rank_params(self, params) -> float:
         """Parameters one rank computes with, from a StageParams-like (dense, norms, experts)."""
-        return (params.dense * self.model_shard_factor("dense") + params.norms * self.model_shard_factor("norms")
-                + params.experts * self.model_shard_factor("experts"))
+        return sum(getattr(params, g) * self.model_shard_factor(g) for g in GROUPS)
+
+    def state_params(self, state: str, params) -> float:
+        """Parameters' worth of `state` one rank holds in GPU memory, from a StageParams-like."""
+        return sum(getattr(params, g) * self.shard_factor(state, g) for g in GROUPS)
 
     def _compute_shard_factor(self, state: str, group: str) -> float:
         f = 1.0

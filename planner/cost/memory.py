@@ -29,6 +29,7 @@ BYTES_PER_PARAM = {
 # distributed_data_parallel.py); a bucket in flight is kept in fp32 for sharded gradients.
 DDP_BUCKET_MIN_PARAMS = 40_000_000
 DDP_BUCKET_PARAMS_PER_DP_RANK = 1_000_000
+STATES_AT_REST = ("parameters", "gradients", "optimizer")   # the states counted per parameter
 # ZeRO-3 / FSDP keep the current and the prefetched layer gathered (2 layers of full weights).
 ZERO3_GATHERED_LAYERS = 2
 
@@ -52,15 +53,26 @@ def stage_params(model: ModelSpec, s: Strategy, stage: int) -> StageParams:
     return layer_range_params(model, s, start, end, stage == 0, stage == s.pp - 1)
 
 
+def one_layer_params(model: ModelSpec, moe: bool) -> StageParams:
+    """Parameters of one decoder layer of a kind (dense or MoE), unsharded."""
+    if moe:
+        return StageParams(dense=model.attention_params + model.shared_expert_params,
+                           norms=model.layer_norm_params + model.router_params,
+                           experts=model.num_experts * model.expert_params)
+    return StageParams(dense=model.attention_params + model.dense_mlp_params, norms=model.layer_norm_params,
+                       experts=0.0)
+
+
 def layer_range_params(model: ModelSpec, s: Strategy, start: int, end: int, first: bool, last: bool) -> StageParams:
     """Parameters of layers [start, end), plus the embedding if `first` and the final norm and
     output layer if `last`. With first = last = True over all layers: the sum over all stages."""
     n_moe = model.num_moe_layers_in(start, end)
     n_dense = end - start - n_moe
-    dense = (end - start) * model.attention_params + n_moe * model.shared_expert_params \
-        + n_dense * model.dense_mlp_params
-    norms = (end - start) * model.layer_norm_params + n_moe * model.router_params
-    experts = n_moe * model.num_experts * model.expert_params if n_moe else 0.0
+    d = one_layer_params(model, False)
+    e = one_layer_params(model, True) if n_moe else StageParams(0.0, 0.0, 0.0)
+    dense = n_dense * d.dense + n_moe * e.dense
+    norms = n_dense * d.norms + n_moe * e.norms
+    experts = n_moe * e.experts
     emb = model.embedding_params(s.tp)   # padded vocabulary x h, split over TP (vocab-parallel)
     if first:
         dense += emb
@@ -161,15 +173,8 @@ def layer_memory_bytes(model: ModelSpec, s: Strategy, placement: Placement, stag
     micro-batches. Exact when every layer is recomputed alike; with recompute_num_layers it
     counts every layer as fully recomputed (a lower bound)."""
     bpp = BYTES_PER_PARAM[s.optimizer_convention]
-    if moe:
-        groups = {"dense": model.attention_params + model.shared_expert_params,
-                  "norms": model.layer_norm_params + model.router_params,
-                  "experts": model.num_experts * model.expert_params}
-    else:
-        groups = {"dense": model.attention_params + model.dense_mlp_params,
-                  "norms": model.layer_norm_params, "experts": 0}
-    states = sum(n * placement.shard_factor(state, g) * bpp[state]
-                 for state in ("parameters", "gradients", "optimizer") for g, n in groups.items())
+    lp = one_layer_params(model, moe)
+    states = sum(placement.state_params(state, lp) * bpp[state] for state in STATES_AT_REST)
     mode = s.recompute if s.recompute in ("full", "selective") else "none"
     return states + act.layer_bytes(model, s, moe, mode) * in_flight_microbatches(s, stage)
 
@@ -183,23 +188,19 @@ def stage_fixed_bytes_lower_bound(model: ModelSpec, s: Strategy, placement: Plac
     bpp = BYTES_PER_PARAM[s.optimizer_convention]
     first, last = stage == 0, stage == s.pp - 1
     fp = layer_range_params(model, s, 0, 0, first, last)
-    fixed = sum((fp.dense * placement.shard_factor(st, "dense") + fp.norms * placement.shard_factor(st, "norms"))
-                * bpp[st] for st in ("parameters", "gradients", "optimizer"))
+    fixed = sum(placement.state_params(st, fp) * bpp[st] for st in STATES_AT_REST)
     if first:
         fixed += act.embedding_bytes(model, s) * in_flight_microbatches(s, stage)
     if last:
         fixed += act.output_layer_bytes(model, s)
-    kinds = [moe for moe, n in ((False, model.num_dense_layers), (True, model.num_moe_layers)) if n]
     if s.recompute == "full":
-        fixed += min(act.layer_bytes(model, s, moe, "none") for moe in kinds)
+        fixed += min(act.layer_bytes(model, s, moe, "none") for moe in model.layer_kinds)
     if s.zero_stage >= 2:
         bucket = max(DDP_BUCKET_MIN_PARAMS, DDP_BUCKET_PARAMS_PER_DP_RANK * s.dp * s.cp)
         fixed += min(bucket, placement.rank_params(fp)) * bpp["gradients"]
     if s.zero_stage >= 3:
-        def one_layer(moe):
-            k = next(i for i in range(model.num_layers) if model.is_moe_layer(i) == moe)
-            return placement.rank_params(layer_range_params(model, s, k, k + 1, False, False))
-        fixed += ZERO3_GATHERED_LAYERS * min(one_layer(moe) for moe in kinds) * bpp["parameters"]
+        fixed += ZERO3_GATHERED_LAYERS * bpp["parameters"] * min(
+            placement.rank_params(one_layer_params(model, moe)) for moe in model.layer_kinds)
     return fixed
 
 
@@ -207,18 +208,13 @@ def stage_memory(model: ModelSpec, s: Strategy, placement: Placement, stage: int
                  node_group: str = "") -> StageMemory:
     bpp = BYTES_PER_PARAM[s.optimizer_convention]
     sp = stage_params(model, s, stage)
-    by_group = {"dense": sp.dense, "norms": sp.norms, "experts": sp.experts}
-    states = {}
+    states = {state: placement.state_params(state, sp) * bpp[state] for state in STATES_AT_REST}
     host = 0.0
-    for state in ("parameters", "gradients", "optimizer"):
-        total = 0.0
-        for group, n in by_group.items():
-            f = placement.shard_factor(state, group)
-            total += n * bpp[state] * f
+    for state in STATES_AT_REST:
+        for group in ("dense", "norms", "experts"):
             if placement.mode(state, group, "dp" if group != "experts" else "edp") is Mode.OFFLOADED:
                 n_data = placement.size("dp") * placement.size("cp") if group != "experts" else placement.size("edp")
-                host += n * bpp[state] / n_data
-        states[state] = total
+                host += getattr(sp, group) * bpp[state] / n_data
     kept, transient = stage_activation_bytes(model, s, stage)
     buffers = transient
     start, end = s.stage_layer_ranges(model)[stage]

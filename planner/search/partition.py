@@ -283,24 +283,25 @@ def partition_ilp(prob: PartitionProblem, multiple: int = 1, time_limit_s: float
         lp += T >= t_i
         times.append(t_i)
     lp += (prob.m - 1.0 / prob.v) * T + pulp.lpSum(times) * (1.0 / prob.v)
-    status = lp.solve(_pulp_solver(pulp, solver, time_limit_s))
-    st = pulp.LpStatus[status]
+    return _solve(lp, T, prob, solver, time_limit_s,
+                  lambda: [int(round(sum(pulp.value(x[i][k]) for k in range(L)))) for i in range(p)])
+
+
+def _solve(lp, T, prob: PartitionProblem, solver: str, time_limit_s: float, read_split) -> PartitionResult:
+    """Run CBC or HiGHS on an ILP of the partition; `read_split()` reads layers per stage back."""
+    import pulp
+
+    engine = (pulp.HiGHS(msg=False, timeLimit=time_limit_s) if solver == "highs"
+              else pulp.PULP_CBC_CMD(msg=False, timeLimit=time_limit_s))
+    st = pulp.LpStatus[lp.solve(engine)]
     if st == "Infeasible":
         return PartitionResult(None, float("inf"), f"ilp-{solver}", "infeasible")
     if st not in ("Optimal", "Not Solved") or pulp.value(T) is None:
         raise RuntimeError(f"ILP solver returned {st}")
-    split = []
-    for i in range(p):
-        split.append(int(round(sum(pulp.value(x[i][k]) for k in range(L)))))
-    times_v, _ = prob.stage_costs(tuple(split))
-    obj = prob.objective(times_v)
-    return PartitionResult(tuple(split), obj, f"ilp-{solver}", "optimal" if st == "Optimal" else "time-limit")
-
-
-def _pulp_solver(pulp, solver: str, time_limit_s: float):
-    if solver == "highs":
-        return pulp.HiGHS(msg=False, timeLimit=time_limit_s)
-    return pulp.PULP_CBC_CMD(msg=False, timeLimit=time_limit_s)
+    split = tuple(read_split())
+    times, _ = prob.stage_costs(split)
+    return PartitionResult(split, prob.objective(times), f"ilp-{solver}",
+                           "optimal" if st == "Optimal" else "time-limit")
 
 
 def _partition_ilp_counts(prob: PartitionProblem, multiple: int, time_limit_s: float, solver: str) -> PartitionResult:
@@ -322,13 +323,4 @@ def _partition_ilp_counts(prob: PartitionProblem, multiple: int, time_limit_s: f
         times.append(t_i)
     lp += pulp.lpSum(multiple * qi for qi in q) == L
     lp += (prob.m - 1.0 / prob.v) * T + pulp.lpSum(times) * (1.0 / prob.v)
-    status = lp.solve(_pulp_solver(pulp, solver, time_limit_s))
-    st = pulp.LpStatus[status]
-    if st == "Infeasible":
-        return PartitionResult(None, float("inf"), f"ilp-{solver}", "infeasible")
-    if st not in ("Optimal", "Not Solved") or pulp.value(T) is None:
-        raise RuntimeError(f"ILP solver returned {st}")
-    split = tuple(int(round(pulp.value(qi))) * multiple for qi in q)
-    times_v, _ = prob.stage_costs(split)
-    return PartitionResult(split, prob.objective(times_v), f"ilp-{solver}",
-                           "optimal" if st == "Optimal" else "time-limit")
+    return _solve(lp, T, prob, solver, time_limit_s, lambda: [int(round(pulp.value(qi))) * multiple for qi in q])

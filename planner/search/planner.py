@@ -20,8 +20,8 @@ from ..strategy import Strategy, check_structure
 from ..cost import compute as C
 from ..cost.activations import BYTES_16BIT
 from ..cost.comm import collective_time, group_link, p2p_link
-from ..cost.memory import (BYTES_PER_PARAM, layer_memory_bytes, layer_range_params, stage_fixed_bytes_lower_bound,
-                           stage_memory)
+from ..cost.memory import (BYTES_PER_PARAM, layer_memory_bytes, layer_range_params, one_layer_params,
+                           stage_fixed_bytes_lower_bound, stage_memory)
 from ..placement import data_collectives, placement_of
 from .partition import PartitionProblem, partition_dp, partition_ilp
 
@@ -315,7 +315,8 @@ class _Bounds:
 
     def _kinds(self):
         """Layer kinds present: (index into layer_costs, how many layers)."""
-        return [(k, n) for k, n in ((0, self.model.num_dense_layers), (1, self.model.num_moe_layers)) if n]
+        return [(int(moe), self.model.num_moe_layers if moe else self.model.num_dense_layers)
+                for moe in self.model.layer_kinds]
 
     def work(self, s: Strategy, tk: Strategy, names) -> tuple[dict, float]:
         """Layers in work units (seconds on names[0]'s GPUs, summed over the model's layers),
@@ -427,11 +428,17 @@ class _Bounds:
         fully recomputed layers (recompute_num_layers k: k per chunk, on s's own split), the
         lighter layer kind on the stage's group."""
         tk = _time_key(replace(s, recompute_num_layers=None))
-        kinds = [moe for moe, n in ((False, self.model.num_dense_layers), (True, self.model.num_moe_layers)) if n]
-        per = {g: min(_layer_time(self.model, tk, self.cluster.group(g).gpu, moe).recompute for moe in kinds)
+        per = {g: min(_layer_time(self.model, tk, self.cluster.group(g).gpu, moe).recompute
+                      for moe in self.model.layer_kinds)
                for g in set(groups)}
         return [s.vpp * min(s.recompute_num_layers, (b - a) // s.vpp) * per[groups[i]]
                 for i, (a, b) in enumerate(s.stage_layer_ranges(self.model))]
+
+    def block_candidate(self, s: Strategy, groups: tuple[str, ...], max_layers=None, tk=None) -> float:
+        """Bound of a block-recompute candidate: its costs without recompute plus the re-run
+        forward of its k layers per chunk. `tk`: the plain strategy's time key, if at hand."""
+        plain = replace(s, recompute="none", recompute_num_layers=None)
+        return self.candidate(plain, tk or _time_key(plain), groups, max_layers, extra_s=self.recompute_extra(s, groups))
 
     def after_step(self, s: Strategy, names) -> float:
         """Least seconds after the pipeline drains (estimate's after-step term, max over
@@ -444,22 +451,14 @@ class _Bounds:
         if v is None:
             model = self.model
             placement = placement_of(s)
-            sp = layer_range_params(model, s, 0, model.num_layers, True, True)  # all stages
-            params = (sp.dense * placement.shard_factor("optimizer", "dense")
-                      + sp.norms * placement.shard_factor("optimizer", "norms")
-                      + sp.experts * placement.shard_factor("optimizer", "experts"))
+            all_stages = layer_range_params(model, s, 0, model.num_layers, True, True)
+            params = placement.state_params("optimizer", all_stages)
             opt = 0.0
             if not s.offload_optimizer:
                 opt = min(C.optimizer_time(params / s.pp, self.cluster.group(g).gpu) for g in names)
             # one layer's parameters per rank by group, the lighter layer kind present
-            kinds = [moe for moe, n in ((False, model.num_dense_layers), (True, model.num_moe_layers)) if n]
-            per_layer = {"dense": [], "norms": [], "experts": []}
-            for moe in kinds:
-                k = (model.moe_layer_pattern.index(1) if moe else
-                     next(i for i in range(model.num_layers) if not model.is_moe_layer(i)))
-                lp = layer_range_params(model, s, k, k + 1, False, False)
-                for g in per_layer:
-                    per_layer[g].append(getattr(lp, g) * placement.model_shard_factor(g))
+            per_layer = {g: min(getattr(one_layer_params(model, moe), g) for moe in model.layer_kinds)
+                         * placement.model_shard_factor(g) for g in ("dense", "norms", "experts")}
             bpp = BYTES_PER_PARAM[s.optimizer_convention]
             dp = {}
             for g in names:
@@ -472,7 +471,7 @@ class _Bounds:
                         n, stride = s.expert_dp, s.expert_tp * s.ep
                     else:
                         n, stride = s.dp * s.cp, s.tp
-                    msg = min(per_layer[dc.group]) * (bpp["gradients"] if dc.tensor == "gradients" else bpp["parameters"])
+                    msg = per_layer[dc.group] * (bpp["gradients"] if dc.tensor == "gradients" else bpp["parameters"])
                     if n <= 1 or msg <= 0:
                         continue
                     link = group_link(grp, n, stride, self.cluster)
@@ -482,6 +481,12 @@ class _Bounds:
             # least the smallest DP term
             v = self._after[key] = max(max(dp.values()), opt + min(dp.values()))
         return v
+
+
+# Relative slack when comparing summed work units (sums of the same floats in another order).
+_UNITS_TOL = 1e-9
+# A screened candidate goes back in the queue only when its bound rose by more than rounding.
+_REQUEUE_SLACK = 1e-9
 
 
 def _relaxed_minmax(stages: dict[tuple[float, float, float, float], int], units: float, n_min: int) -> float:
@@ -512,10 +517,6 @@ def _relaxed_minmax(stages: dict[tuple[float, float, float, float], int], units:
             return T + need
         T = x
     return float("inf")
-
-
-# Relative slack when comparing summed work units (sums of the same floats in another order).
-_UNITS_TOL = 1e-9
 
 
 # ---- the search ------------------------------------------------------------------------------
@@ -620,8 +621,8 @@ def search(model: ModelSpec, cluster: ClusterSpec, o: SearchOptions, progress=No
                             continue
                         # full recompute of k layers per chunk: queued with the bound of k = 1
                         # (each stage re-runs at least vpp layers); k is chosen when it is popped
-                        extra = bounds.recompute_extra(replace(c, recompute="full", recompute_num_layers=1), groups)
-                        heapq.heappush(heap, (bounds.candidate(c, tk, groups, extra_s=extra), next(tie), 3, (c, tk, groups)))
+                        lb1 = bounds.block_candidate(replace(c, recompute="full", recompute_num_layers=1), groups, tk=tk)
+                        heapq.heappush(heap, (lb1, next(tie), 3, (c, tk, groups)))
             continue
         if kind == 3:
             # a block-recompute child: on its starting split (the partition assumes every layer
@@ -637,8 +638,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, o: SearchOptions, progress=No
             if ck is None:
                 res.pruned_memory += 1
                 continue
-            extra = bounds.recompute_extra(ck, groups)
-            heapq.heappush(heap, (bounds.candidate(c, tk, groups, extra_s=extra), next(tie), 1, ck))
+            heapq.heappush(heap, (bounds.block_candidate(ck, groups, tk=tk), next(tie), 1, ck))
             continue
         c = payload
         if kind == 1:
@@ -662,12 +662,9 @@ def search(model: ModelSpec, cluster: ClusterSpec, o: SearchOptions, progress=No
                 continue
             # with the layers each stage can hold, the bound may rise: queue it again
             groups = c.stage_node_groups or (cluster.node_groups[0].name,) * c.pp
-            if c.recompute_num_layers is None:
-                lb2 = bounds.candidate(c, _time_key(c), groups, n_max)
-            else:
-                plain = replace(c, recompute="none", recompute_num_layers=None)
-                lb2 = bounds.candidate(plain, _time_key(plain), groups, n_max, extra_s=bounds.recompute_extra(c, groups))
-            if lb2 > lb * (1 + 1e-9):
+            lb2 = (bounds.candidate(c, _time_key(c), groups, n_max) if c.recompute_num_layers is None
+                   else bounds.block_candidate(c, groups, n_max))
+            if lb2 > lb * (1 + _REQUEUE_SLACK):
                 heapq.heappush(heap, (lb2, next(tie), 2, c))
                 continue
         best, short = _price(model, cluster, c, "dp", res)
@@ -695,13 +692,18 @@ def search(model: ModelSpec, cluster: ClusterSpec, o: SearchOptions, progress=No
     return res
 
 
-def _fits_exactly(model, cluster, s: Strategy) -> bool:
+def _stage_gpu(cluster: ClusterSpec, s: Strategy, i: int):
+    """The GPU of pipeline stage i (search candidates sit on one node group per stage)."""
+    return cluster.group(s.stage_node_groups[i]).gpu if s.stage_node_groups else cluster.node_groups[0].gpu
+
+
+def _stage_memories(model, cluster, s: Strategy) -> list:
     placement = placement_of(s)
-    for i in range(s.pp):
-        gpu = cluster.group(s.stage_node_groups[i]).gpu if s.stage_node_groups else cluster.node_groups[0].gpu
-        if not stage_memory(model, s, placement, i, gpu).fits:
-            return False
-    return True
+    return [stage_memory(model, s, placement, i, _stage_gpu(cluster, s, i)) for i in range(s.pp)]
+
+
+def _fits_exactly(model, cluster, s: Strategy) -> bool:
+    return all(m.fits for m in _stage_memories(model, cluster, s))
 
 
 def _least_block_recompute(model, cluster, s: Strategy, k_max: int):
@@ -730,19 +732,17 @@ def _memory_screen(model: ModelSpec, cluster: ClusterSpec, s: Strategy, need_sho
     n_i = (capacity - fixed) / per-layer layers (a multiple of vpp), with the lower bounds of
     cost/memory.py, so a split can only fit if every n_i >= vpp and the n_i reach the model's
     layers. Bytes short (of the starting split, for the closest-plan report) only if asked."""
-    placement = placement_of(s)
     if s.recompute_num_layers is not None:
         # block recompute is priced on its own split: its memory is known exactly
-        mems = [stage_memory(model, s, placement, i, cluster.group(s.stage_node_groups[i]).gpu
-                             if s.stage_node_groups else cluster.node_groups[0].gpu) for i in range(s.pp)]
+        mems = _stage_memories(model, cluster, s)
         return all(m.fits for m in mems), max(m.total - m.capacity for m in mems), list(s.stage_layers(model))
-    kinds = [k for k, n in ((False, model.num_dense_layers), (True, model.num_moe_layers)) if n]
+    placement = placement_of(s)
     n_max = []
     may_fit = True
     for i in range(s.pp):
-        gpu = cluster.group(s.stage_node_groups[i]).gpu if s.stage_node_groups else cluster.node_groups[0].gpu
-        per = min(layer_memory_bytes(model, s, placement, i, k) for k in kinds)
-        room = (gpu.usable_memory_bytes - stage_fixed_bytes_lower_bound(model, s, placement, i)) // per
+        per = min(layer_memory_bytes(model, s, placement, i, k) for k in model.layer_kinds)
+        room = (_stage_gpu(cluster, s, i).usable_memory_bytes
+                - stage_fixed_bytes_lower_bound(model, s, placement, i)) // per
         room = int(max(room, 0)) // s.vpp * s.vpp
         if room < s.vpp:
             may_fit = False
@@ -750,11 +750,7 @@ def _memory_screen(model: ModelSpec, cluster: ClusterSpec, s: Strategy, need_sho
     may_fit = may_fit and sum(n_max) >= model.num_layers
     short = None
     if not may_fit and need_short:
-        short = -float("inf")
-        for i in range(s.pp):
-            gpu = cluster.group(s.stage_node_groups[i]).gpu if s.stage_node_groups else cluster.node_groups[0].gpu
-            mem = stage_memory(model, s, placement, i, gpu)
-            short = max(short, mem.total - mem.capacity)
+        short = max(m.total - m.capacity for m in _stage_memories(model, cluster, s))
     return may_fit, short, n_max
 
 
@@ -773,19 +769,24 @@ def _price(model, cluster, s: Strategy, solver: str, res: SearchResult):
     if used != "none":
         res.solver = used
     res.optimality_gap = max([res.optimality_gap] + gaps)
-    if s2 is not None and s2.layers_per_stage != s.stage_layers(model):
-        try:
-            e2 = estimate(model, cluster, s2)
-        except InvalidStrategy:
-            e2 = None
-        if e2 is not None:
-            res.priced_estimates.append(e2)
-        if e2 is not None and e2.fits and (best is None or e2.step_time_s < best.step_time_s):
+    e2 = _estimate_split(model, cluster, s, s2)
+    if e2 is not None:
+        res.priced_estimates.append(e2)
+        if e2.fits and (best is None or e2.step_time_s < best.step_time_s):
             best = e2
     if best is not None:
         return best, None
     return None, (_short(e), e)
 
+
+def _estimate_split(model, cluster, s: Strategy, s2):
+    """The estimate of a re-split strategy s2, or None if there is none or it is s's own split."""
+    if s2 is None or s2.layers_per_stage == s.stage_layers(model):
+        return None
+    try:
+        return estimate(model, cluster, s2)
+    except InvalidStrategy:
+        return None
 
 
 def _ilp_cross_check(model, cluster, plans: list[Estimate], solver: str, res: SearchResult) -> list[Estimate]:
@@ -796,15 +797,8 @@ def _ilp_cross_check(model, cluster, plans: list[Estimate], solver: str, res: Se
         s2, used = refine_partition(model, cluster, e.strategy, e, solver, res.warnings)
         if used.startswith("ilp"):
             res.solver = f"dp, checked by {used}"
-        best = e
-        if s2 is not None and s2.layers_per_stage != e.strategy.stage_layers(model):
-            try:
-                e2 = estimate(model, cluster, s2)
-                if e2.fits and e2.step_time_s < e.step_time_s:
-                    best = e2
-            except InvalidStrategy:
-                pass
-        out.append(best)
+        e2 = _estimate_split(model, cluster, e.strategy, s2)
+        out.append(e2 if e2 is not None and e2.fits and e2.step_time_s < e.step_time_s else e)
     return sorted(out, key=lambda x: x.step_time_s)
 
 

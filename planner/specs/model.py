@@ -91,6 +91,11 @@ class ModelSpec:
         return bool(self.moe_layer_pattern) and bool(self.moe_layer_pattern[i])
 
     @cached_property
+    def layer_kinds(self) -> tuple[bool, ...]:
+        """The layer kinds the model has: False = dense, True = MoE."""
+        return tuple(moe for moe, n in ((False, self.num_dense_layers), (True, self.num_moe_layers)) if n)
+
+    @cached_property
     def _moe_prefix(self) -> tuple[int, ...]:
         out, n = [0], 0
         for i in range(self.num_layers):
