@@ -41,6 +41,30 @@ class Strategy:
     fused_attention: bool = True    # flash/cuDNN fused attention (no s^2 activations)
     offload_optimizer: bool = False
     optimizer_convention: str = "megatron"
+    # ---- training-state dtypes (Megatron: --grad-reduce-in-bf16, --use-precision-aware-optimizer
+    # with --main-grads-dtype / --main-params-dtype / --exp-avg-dtype / --exp-avg-sq-dtype)
+    grad_reduce_in_bf16: bool = False
+    main_grads_dtype: str = "fp32"          # fp32 | bf16
+    main_params_dtype: str = "fp32"         # fp32 | fp16
+    exp_avg_dtype: str = "fp32"             # fp32 | fp16 | bf16 | fp8
+    exp_avg_sq_dtype: str = "fp32"          # fp32 | fp16 | bf16 | fp8
+    optimizer_offload_fraction: float = 1.0  # with offload_optimizer: share kept on the host
+    # ---- recompute and activation offloading
+    recompute_modules: tuple[str, ...] = ("core_attn",)   # --recompute-modules (selective)
+    cpu_offloading_num_layers: int = 0      # --cpu-offloading --cpu-offloading-num-layers
+    # ---- fp8 (Transformer Engine)
+    fp8_recipe: str = "delayed"             # delayed | tensorwise | mxfp8 | blockwise
+    fp8_param_gather: bool = False
+    # ---- MoE execution
+    moe_token_dispatcher_type: str = "alltoall"   # allgather | alltoall | flex
+    moe_grouped_gemm: bool = True
+    moe_pad_expert_input_to_capacity: bool = False
+    overlap_moe_expert_parallel_comm: bool = False
+    moe_shared_expert_overlap: bool = False
+    delay_wgrad_compute: bool = False
+    # ---- uneven virtual stages: decoder layers per layout segment in Megatron's order
+    # (segment k is virtual chunk k // pp of pipeline rank k % pp); None = even chunks
+    chunk_layers: tuple[int, ...] | None = None
 
     def __post_init__(self):
         # more than one virtual stage per rank means Megatron's interleaved 1F1B schedule

@@ -50,6 +50,14 @@ class ModelSpec:
     moe_shared_expert_intermediate_size: int | None = None
     moe_layer_pattern: tuple[int, ...] = ()   # 1 = MoE layer, per layer; () for dense models
     moe_capacity_factor: float | None = None
+    # node-limited routing (--moe-router-num-groups / --moe-router-group-topk): experts are split
+    # into groups (one per node in DeepSeek-V3) and a token reaches at most group_topk of them
+    moe_router_num_groups: int | None = None
+    moe_router_group_topk: int | None = None
+    # multi-token prediction (--mtp-num-layers): extra transformer layers after the last one
+    mtp_num_layers: int = 0
+    # sliding-window attention (--window-size): keys within this many tokens before the query
+    window_size: int | None = None
     # Multi-latent attention (DeepSeek-V2/V3)
     multi_latent_attention: bool = False
     q_lora_rank: int | None = None
@@ -203,7 +211,8 @@ MODEL_FIELDS = {
     "add_bias_linear", "add_qkv_bias", "qk_layernorm", "attention_dropout", "hidden_dropout",
     "num_experts", "moe_router_topk", "moe_ffn_hidden_size", "moe_shared_expert_intermediate_size",
     "moe_layer_freq", "moe_capacity_factor", "multi_latent_attention", "q_lora_rank",
-    "kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim", "source", "notes",
+    "kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim", "moe_router_num_groups",
+    "moe_router_group_topk", "mtp_num_layers", "window_size", "source", "notes",
 }
 REQUIRED_MODEL_FIELDS = {"name", "num_layers", "hidden_size", "num_attention_heads", "vocab_size"}
 
@@ -272,8 +281,22 @@ def model_from_dict(data: Any, source: str) -> ModelSpec:
     moe_ffn = get_int(data, "moe_ffn_hidden_size", source, maximum=10 * MAX_WIDTH)
     shared = get_int(data, "moe_shared_expert_intermediate_size", source, maximum=10 * MAX_WIDTH)
     cf = get_float(data, "moe_capacity_factor", source, minimum=0.01, maximum=1000.0)
+    n_groups = get_int(data, "moe_router_num_groups", source, maximum=100_000)
+    group_topk = get_int(data, "moe_router_group_topk", source, maximum=100_000)
+    mtp = get_int(data, "mtp_num_layers", source, default=0, minimum=0, maximum=MAX_LAYERS)
+    window = get_int(data, "window_size", source, maximum=100_000_000)
     pattern: tuple[int, ...] = ()
     if num_experts is not None:
+        if (n_groups is None) != (group_topk is None):
+            raise SpecError(source, "moe_router_group_topk" if n_groups else "moe_router_num_groups",
+                            "moe_router_num_groups and moe_router_group_topk go together")
+        if n_groups is not None:
+            if num_experts % n_groups:
+                raise SpecError(source, "moe_router_num_groups",
+                                f"found {n_groups}, expected a divisor of num_experts ({num_experts})")
+            if group_topk > n_groups:
+                raise SpecError(source, "moe_router_group_topk",
+                                f"found {group_topk}, expected <= moe_router_num_groups ({n_groups})")
         if topk > num_experts:
             raise SpecError(source, "moe_router_topk",
                             f"found {topk}, expected <= num_experts ({num_experts})")
@@ -282,7 +305,7 @@ def model_from_dict(data: Any, source: str) -> ModelSpec:
         pattern = parse_moe_layer_freq(data.get("moe_layer_freq"), L, source)
     else:
         for fld in ("moe_ffn_hidden_size", "moe_shared_expert_intermediate_size", "moe_layer_freq",
-                    "moe_capacity_factor"):
+                    "moe_capacity_factor", "moe_router_num_groups", "moe_router_group_topk"):
             if data.get(fld) is not None:
                 raise SpecError(source, fld, "set, but num_experts is not: expected num_experts for a MoE model")
     mla = get_bool(data, "multi_latent_attention", source, default=False)
@@ -311,6 +334,8 @@ def model_from_dict(data: Any, source: str) -> ModelSpec:
         num_experts=num_experts, moe_router_topk=topk if num_experts else 2,
         moe_ffn_hidden_size=moe_ffn, moe_shared_expert_intermediate_size=shared,
         moe_layer_pattern=pattern, moe_capacity_factor=cf, multi_latent_attention=mla,
+        moe_router_num_groups=n_groups if num_experts else None,
+        moe_router_group_topk=group_topk if num_experts else None, mtp_num_layers=mtp, window_size=window,
         source=get_str(data, "source", source, default="") or "", origin=source, **mla_fields,
     )
 

@@ -70,6 +70,10 @@ MODEL_PROPERTIES = {
     "qk_head_dim": _int("MLA non-rotary query/key head dim (--qk-head-dim)"),
     "qk_pos_emb_head_dim": _int("MLA rotary head dim (--qk-pos-emb-head-dim)"),
     "v_head_dim": _int("MLA value head dim (--v-head-dim)"),
+    "moe_router_num_groups": _int("expert groups for node-limited routing (--moe-router-num-groups)"),
+    "moe_router_group_topk": _int("groups a token may reach (--moe-router-group-topk)"),
+    "mtp_num_layers": _int("multi-token-prediction layers after the decoder (--mtp-num-layers)", minimum=0),
+    "window_size": _int("sliding-window attention: keys within this many tokens (--window-size)"),
     "source": {**TEXT, "description": "where the figures come from"},
     "notes": TEXT,
 }
