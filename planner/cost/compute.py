@@ -50,14 +50,16 @@ def gemm_time(gpu: GPUProfile, dtype: str, m: float, n: float, k: float) -> floa
     flops = 2.0 * m * n * k
     bytes_moved = BYTES_16BIT * (m * k + k * n + m * n)
     e = gpu.efficiency
-    return max(flops / (gpu.peak(dtype) * e.matmul),
-               bytes_moved / (gpu.memory_bandwidth_bytes_per_s * e.memory_bandwidth)) + e.kernel_overhead_s
+    return gpu.compute_time_scale * (max(flops / (gpu.peak(dtype) * e.matmul),
+                                         bytes_moved / (gpu.memory_bandwidth_bytes_per_s * e.memory_bandwidth))
+                                     + e.kernel_overhead_s)
 
 
 def stream_time(gpu: GPUProfile, bytes_moved: float, kernels: int = 1) -> float:
     """Seconds for memory-bound kernels streaming `bytes_moved` bytes."""
     e = gpu.efficiency
-    return bytes_moved / (gpu.memory_bandwidth_bytes_per_s * e.memory_bandwidth) + kernels * e.kernel_overhead_s
+    return gpu.compute_time_scale * (bytes_moved / (gpu.memory_bandwidth_bytes_per_s * e.memory_bandwidth)
+                                     + kernels * e.kernel_overhead_s)
 
 
 def gemm_dtype(s: Strategy, gpu: GPUProfile) -> str:
@@ -110,12 +112,14 @@ def layer_time(model: ModelSpec, s: Strategy, gpu: GPUProfile, moe: bool) -> Lay
     attn_flops = 4.0 * s_q * s.seq_length * b * a_loc * (dqk + dv) / 2
     if s.fused_attention:
         attn_flops *= 0.5   # causal: fused kernels skip fully masked blocks
-        core = attn_flops / (gpu.peak(dt if dt != "fp8" else "bf16") * gpu.efficiency.flash_attention) \
-            + gpu.efficiency.kernel_overhead_s
+        core = gpu.compute_time_scale * (attn_flops / (gpu.peak(dt if dt != "fp8" else "bf16")
+                                                       * gpu.efficiency.flash_attention)
+                                         + gpu.efficiency.kernel_overhead_s)
         core_bwd = core * FLASH_BACKWARD_FACTOR
     else:
         # two batched GEMMs + fused scale-mask-softmax (+ dropout) over the s x s scores
-        core = (attn_flops / (gpu.peak(dt) * gpu.efficiency.matmul) + 2 * gpu.efficiency.kernel_overhead_s)
+        core = gpu.compute_time_scale * (attn_flops / (gpu.peak(dt) * gpu.efficiency.matmul)
+                                         + 2 * gpu.efficiency.kernel_overhead_s)
         score_elems = s_q * s.seq_length * b * a_loc
         bytes_sm = BYTES_16BIT * 2 * score_elems + (5 * score_elems if model.attention_dropout > 0 else 0)
         core += stream_time(gpu, bytes_sm, kernels=2)
@@ -137,7 +141,7 @@ def layer_time(model: ModelSpec, s: Strategy, gpu: GPUProfile, moe: bool) -> Lay
         # overhead per local expert for the per-expert tiles
         g(T, f * (2 if model.swiglu else 1) / s.expert_tp, h)
         g(T, h, f / s.expert_tp)
-        fwd += 2 * (e_loc - 1) * gpu.efficiency.kernel_overhead_s
+        fwd += 2 * (e_loc - 1) * gpu.efficiency.kernel_overhead_s * gpu.compute_time_scale
         act_bytes = BYTES_16BIT * T * f / s.expert_tp * (3 if model.swiglu else 2)
         act_bytes += 4 * BYTES_16BIT * T * h      # permute + unpermute, read and write
         if model.moe_shared_expert_intermediate_size:

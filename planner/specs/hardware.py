@@ -42,6 +42,9 @@ class GPUProfile:
     efficiency: Efficiency
     source: str = ""
     uncertain: tuple[str, ...] = ()
+    # measured / modelled compute seconds, fitted by `planner calibrate` from a cluster's own
+    # training logs (1.0: the profile as written); multiplies every compute kernel's time
+    compute_time_scale: float = 1.0
 
     @property
     def usable_memory_bytes(self) -> float:
