@@ -1,4 +1,4 @@
-"""Predicted vs published throughput for the runs in ../shared/reference/calibration_runs.yaml.
+"""Predicted vs published throughput for the runs in validation/data/calibration_runs.yaml.
 
 Usage: python validation/calibration.py [--reference PATH] [--json]
 - Korthikanti et al. 2022, Table 5: exact configurations (tp, pp, DP = 1, micro-batch, global
@@ -31,7 +31,7 @@ from planner.specs.cluster import ClusterSpec, NodeGroup  # noqa: E402
 from planner.specs.model import model_from_dict  # noqa: E402
 from planner.strategy import Strategy  # noqa: E402
 
-DEFAULT_REF = ROOT.parent / "shared" / "reference" / "calibration_runs.yaml"
+DEFAULT_REF = ROOT / "validation" / "data" / "calibration_runs.yaml"
 
 
 def selene(gpus: int) -> ClusterSpec:
