@@ -3,42 +3,19 @@ and throughput. This is the function `planner estimate` and the search call."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from functools import lru_cache
 
 from .errors import InvalidStrategy
-from .placement import data_collectives, placement_of, validate
+from .placement import placement_of, validate
 from .specs.cluster import ClusterSpec, NodeGroup
 from .specs.model import ModelSpec
 from .strategy import Strategy, check_structure
 from .cost import compute as C
-from .cost.activations import BYTES_16BIT, expert_tokens_per_rank
-from .cost.comm import collective_time, group_link, p2p_link
-from .cost.memory import BYTES_PER_PARAM, StageMemory, fully_recomputed_layers, stage_memory, stage_params
+from .cost import parallel as P
+from .cost.memory import StageMemory, fully_recomputed_layers, stage_memory, stage_params
+from .cost.parallel import CommEntry
 from .cost.pipeline import pipeline_time
-
-# Host-side Adam for an offloaded optimizer streams the same 34 bytes/parameter through host
-# DRAM; a dual-socket server sustains ~200 GB/s (e.g. 2 x 8-channel DDR5-4800 = 614 GB/s peak,
-# STREAM ~ 1/3 of that), shared by the node's GPUs. Planner assumption.
-HOST_ADAM_BANDWIDTH_BYTES_PER_S = 200e9
-
-
-@dataclass(frozen=True)
-class CommEntry:
-    axis: str            # tp | cp | ep | pp | dp | edp | embedding
-    kind: str
-    bytes: float         # message size per collective, bytes
-    group_size: int
-    count_per_step: float
-    time_s: float        # per step, all occurrences
-    exposed_s: float     # per step, not hidden under compute
-    link: str
-    stage: int
-
-    def as_dict(self) -> dict:
-        return {"axis": self.axis, "kind": self.kind, "bytes": self.bytes, "group_size": self.group_size,
-                "count_per_step": self.count_per_step, "time_s": self.time_s, "exposed_s": self.exposed_s,
-                "link": self.link, "stage": self.stage}
 
 
 @dataclass(frozen=True)
@@ -141,16 +118,6 @@ def assign_stage_groups(cluster: ClusterSpec, s: Strategy) -> list[list[NodeGrou
     return out
 
 
-def stages_share_node(s: Strategy, i: int, j: int, groups_i: list[NodeGroup], groups_j: list[NodeGroup]) -> bool:
-    """Whether pipeline stages i and j sit on one node: torchrun puts global rank r on node
-    r // G, and stage k holds ranks [k * per, (k + 1) * per) (Megatron's rank order)."""
-    if len(groups_i) != 1 or groups_i != groups_j:
-        return False
-    G, per = groups_i[0].gpus_per_node, s.gpus_per_stage
-    lo, hi = min(i, j) * per, (max(i, j) + 1) * per - 1
-    return lo // G == hi // G
-
-
 @lru_cache(maxsize=65536)
 def _layer_time(model, s_key, gpu, moe):
     return C.layer_time(model, s_key, gpu, moe)
@@ -163,39 +130,62 @@ def _time_key(s: Strategy) -> Strategy:
                     precision=s.precision, fused_attention=s.fused_attention)
 
 
-def tp_layer_collectives(model: ModelSpec, s: Strategy, groups: list[NodeGroup], cluster: ClusterSpec):
-    """TP collectives of one layer and one micro-batch (Korthikanti et al. 2022, sec. 4.2.2):
-    with SP 2 all-gathers + 2 reduce-scatters forward and the same backward, else 2 all-reduces
-    each way; full recompute repeats the forward ones. Returns ([(kind, count, seconds each)],
-    message bytes (the full [s/cp, b, h] bf16 tensor), link)."""
-    link = group_link(groups, s.tp, 1, cluster)
-    msg = BYTES_16BIT * s.seq_length / s.cp * s.micro_batch_size * model.hidden_size
-    passes = 2.0 + (1.0 if s.recompute == "full" else 0.0)   # fwd, bwd, re-run fwd
-    kinds = [("all-gather", 2), ("reduce-scatter", 2)] if s.sp else [("all-reduce", 2)]
-    return [(kind, cnt * passes, collective_time(kind, msg, s.tp, link)) for kind, cnt in kinds], msg, link
 
 
-def ep_layer_collective(model: ModelSpec, s: Strategy, groups: list[NodeGroup], cluster: ClusterSpec):
-    """EP all-to-alls of one MoE layer and one micro-batch: dispatch + combine, forward and
-    backward (and the re-run forward under full recompute). Returns (count, seconds each,
-    bytes each rank sends, link)."""
-    link = group_link(groups, s.ep, s.expert_tp, cluster)
-    msg = BYTES_16BIT * expert_tokens_per_rank(model, s) * model.hidden_size / s.expert_tp
-    count = 2 * (2 + (1 if s.recompute == "full" else 0))
-    return count, collective_time("all-to-all", msg, s.ep, link), msg, link
+@dataclass(frozen=True)
+class StageCompute:
+    """Compute seconds of one pipeline rank per micro-batch, on the GPU that sets its pace."""
+    forward_s: float
+    backward_s: float          # incl. recompute
+    weight_grad_s: float       # part of backward_s that is weight-gradient work
+    core_attention_forward_s: float
+    group: NodeGroup           # the slowest node group the stage spans
+    recompute_skipped: tuple[int, int]   # (dense, MoE) layers a block-recompute stage does not re-run
+    recomputed_layers: int
+
+
+def stage_compute(model: ModelSpec, s: Strategy, i: int, start: int, end: int, groups: list[NodeGroup]) -> StageCompute:
+    """Per micro-batch compute of layers [start, end) (+ embedding on the first rank, output layer
+    and loss on the last): the sum of their layer times on each spanned GPU, the slowest wins."""
+    n_moe = model.num_moe_layers_in(start, end)
+    n_dense = (end - start) - n_moe
+    # layers that skip the recompute under --recompute-num-layers (block method)
+    full_set = fully_recomputed_layers(s, start, end)
+    n_moe_full = sum(1 for k in full_set if model.is_moe_layer(k))
+    skip_dense, skip_moe = ((n_dense - (len(full_set) - n_moe_full), n_moe - n_moe_full)
+                            if s.recompute == "full" else (0, 0))
+    tk = _time_key(s)
+    best = None
+    for g in groups:
+        lt_d = _layer_time(model, tk, g.gpu, False)
+        lt_m = _layer_time(model, tk, g.gpu, True) if model.is_moe else lt_d
+        f = n_dense * lt_d.forward + n_moe * lt_m.forward
+        bwd = (n_dense * (lt_d.backward_input + lt_d.backward_weight + lt_d.recompute)
+               + n_moe * (lt_m.backward_input + lt_m.backward_weight + lt_m.recompute)
+               - skip_dense * lt_d.recompute - skip_moe * lt_m.recompute)
+        w = n_dense * lt_d.backward_weight + n_moe * lt_m.backward_weight
+        core = n_dense * lt_d.core_attention_forward + n_moe * lt_m.core_attention_forward
+        if i == 0:
+            ef, eb = C.embedding_time(model, s, g.gpu)
+            f, bwd = f + ef, bwd + eb
+        if i == s.pp - 1:
+            of, ob = C.output_layer_time(model, s, g.gpu)
+            f, bwd = f + of, bwd + ob
+        if best is None or f + bwd > best.forward_s + best.backward_s:
+            best = StageCompute(f, bwd, w, core, g, (skip_dense, skip_moe), len(full_set))
+    return best
 
 
 def estimate(model: ModelSpec, cluster: ClusterSpec, s: Strategy) -> Estimate:
+    """Memory, communication and step time of strategy `s`: per stage, its compute (the slowest
+    GPU it spans), each axis's exposed communication (cost/parallel.py), its optimizer step;
+    then the pipeline schedule over the per-stage times (cost/pipeline.py)."""
     check_structure(s, model)
     stage_groups = assign_stage_groups(cluster, s)
     placement = placement_of(s)
     validate(placement)
-    bpp = BYTES_PER_PARAM[s.optimizer_convention]
     m = s.num_microbatches
-    tk = _time_key(s)
     ranges = s.stage_layer_ranges(model)
-    M = s.seq_length / s.cp * s.micro_batch_size
-    h = model.hidden_size
     memory, times, ledger = [], [], []
     recomputed = 0   # fully recomputed layers over all stages
     for i, groups in enumerate(stage_groups):
@@ -203,181 +193,38 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, s: Strategy) -> Estimate:
         mems = [stage_memory(model, s, placement, i, g.gpu, "+".join(x.name for x in groups)) for g in groups]
         memory.append(min(mems, key=lambda x: x.capacity))
         start, end = ranges[i]
-        n_moe = model.num_moe_layers_in(start, end)
-        n_dense = (end - start) - n_moe
-        # layers that skip the recompute under --recompute-num-layers (block method)
-        full_set = fully_recomputed_layers(s, start, end)
-        recomputed += len(full_set)
-        n_moe_full = sum(1 for k in full_set if model.is_moe_layer(k))
-        skip_dense, skip_moe = ((n_dense - (len(full_set) - n_moe_full), n_moe - n_moe_full)
-                                if s.recompute == "full" else (0, 0))
-        best = None
-        for g in groups:
-            lt_d = _layer_time(model, tk, g.gpu, False)
-            lt_m = _layer_time(model, tk, g.gpu, True) if model.is_moe else lt_d
-            f = n_dense * lt_d.forward + n_moe * lt_m.forward
-            bwd = (n_dense * (lt_d.backward_input + lt_d.backward_weight + lt_d.recompute)
-                   + n_moe * (lt_m.backward_input + lt_m.backward_weight + lt_m.recompute)
-                   - skip_dense * lt_d.recompute - skip_moe * lt_m.recompute)
-            w = n_dense * lt_d.backward_weight + n_moe * lt_m.backward_weight
-            core = n_dense * lt_d.core_attention_forward + n_moe * lt_m.core_attention_forward
-            if i == 0:
-                ef, eb = C.embedding_time(model, s, g.gpu)
-                f, bwd = f + ef, bwd + eb
-            if i == s.pp - 1:
-                of, ob = C.output_layer_time(model, s, g.gpu)
-                f, bwd = f + of, bwd + ob
-            if best is None or f + bwd > best[0] + best[1]:
-                best = (f, bwd, w, core, g)
-        f, bwd, w, core, gslow = best
-        gpu_slow = gslow.gpu   # the GPU that sets this stage's pace
-        n_layers = end - start
-        exposed = {}
-        # --- TP: per layer, fwd and bwd; recompute=full repeats the forward collectives
-        if s.tp > 1:
-            per_layer, msg, link = tp_layer_collectives(model, s, groups, cluster)
-            entries = [(kind, cnt * n_layers, t1) for kind, cnt, t1 in per_layer]
-            if skip_dense + skip_moe:   # layers not recomputed do not repeat their forward collectives
-                plain, _, _ = tp_layer_collectives(model, replace(s, recompute="none"), groups, cluster)
-                entries = [(kind, cnt * (n_layers - skip_dense - skip_moe) + cnt0 * (skip_dense + skip_moe), t1)
-                           for (kind, cnt, t1), (_, cnt0, _) in zip(per_layer, plain)]
-            raw = sum(n_coll * t1 for _, n_coll, t1 in entries)
-            tot = raw
-            if s.tp_comm_overlap:
-                # TE userbuffers overlap the SP collectives with the neighbouring GEMMs
-                tot = max(0.0, raw - (f - core))
-            share = tot / raw if raw > 0 else 0.0
-            for kind, n_coll, t1 in entries:
-                ledger.append(CommEntry("tp", kind, msg, s.tp, n_coll * m, t1 * n_coll * m,
-                                        t1 * n_coll * m * share, link.bound_by, i))
-            exposed["tp"] = tot
-        # --- CP: ring exchange of K,V blocks per layer, hidden under attention compute
-        if s.cp > 1:
-            link = group_link(groups, s.cp, s.tp, cluster)
-            g_loc = max(model.num_query_groups / s.tp, 1.0)
-            d = model.kv_channels
-            kv = 2 * BYTES_16BIT * M * g_loc * d   # K and V blocks
-            t_step = collective_time("send-recv", kv, 2, link)
-            comm_f = (s.cp - 1) * t_step * n_layers
-            comm_b = 2 * comm_f
-            cp_exp = max(0.0, comm_f - core) + max(0.0, comm_b - C.FLASH_BACKWARD_FACTOR * core)
-            exposed["cp"] = cp_exp
-            ledger.append(CommEntry("cp", "send-recv", kv, s.cp, 3 * (s.cp - 1) * n_layers * m,
-                                    (comm_f + comm_b) * m, cp_exp * m, link.bound_by, i))
-        # --- EP: dispatch + combine all-to-all per MoE layer, fwd and bwd
-        if model.is_moe and s.ep > 1 and n_moe:
-            cnt, t1, msg, link = ep_layer_collective(model, s, groups, cluster)
-            n_coll = cnt * n_moe
-            if skip_moe:
-                cnt0, _, _, _ = ep_layer_collective(model, replace(s, recompute="none"), groups, cluster)
-                n_coll = cnt * (n_moe - skip_moe) + cnt0 * skip_moe
-            exposed["ep"] = t1 * n_coll
-            ledger.append(CommEntry("ep", "all-to-all", msg, s.ep, n_coll * m, t1 * n_coll * m,
-                                    t1 * n_coll * m, link.bound_by, i))
-        # --- PP: activations forward, gradients backward, per boundary and virtual chunk
-        if s.pp > 1:
-            msg = BYTES_16BIT * M * h / (s.tp if s.sp else 1)
-            t_pp = 0.0
-            for nb in ([i - 1] if i > 0 else []) + ([i + 1] if i < s.pp - 1 else []):
-                same = stages_share_node(s, i, nb, groups, stage_groups[nb])
-                link = p2p_link(gslow, stage_groups[nb][0], same, cluster)
-                t1 = collective_time("send-recv", msg, 2, link)
-                t_pp = max(t_pp, t1)
-                if nb == i + 1:
-                    n_p2p = 2 * s.vpp * m   # activations forward + gradients backward, per chunk
-                    ledger.append(CommEntry("pp", "send-recv", msg, 2, n_p2p, n_p2p * t1, n_p2p * t1,
-                                            link.bound_by, i))
-            exposed["pp"] = 2 * s.vpp * t_pp
-        # --- DP (and expert DP) from the placement
+        comp = stage_compute(model, s, i, start, end, groups)
+        recomputed += comp.recomputed_layers
+        slow = comp.group
+        work = P.StageWork(stage=i, layers=end - start, moe_layers=model.num_moe_layers_in(start, end),
+                           forward_s=comp.forward_s, backward_s=comp.backward_s,
+                           core_attention_forward_s=comp.core_attention_forward_s,
+                           recompute_skipped_layers=sum(comp.recompute_skipped), microbatches=m)
         sp_counts = stage_params(model, s, i)
         per_rank = {g: getattr(sp_counts, g) * placement.model_shard_factor(g) for g in ("dense", "norms", "experts")}
-        dp_step = {"grad": 0.0, "param": 0.0}
-        dp_mb = {"fwd": 0.0, "bwd": 0.0}
-        for dc in data_collectives(placement):
-            if dc.group == "experts":
-                n, stride, axis = s.expert_dp, s.expert_tp * s.ep, "edp"
-            else:
-                n, stride, axis = s.dp * s.cp, s.tp, "dp"
-            if n <= 1 or per_rank[dc.group] <= 0:
-                continue
-            link = group_link(groups, n, stride, cluster)
-            el = bpp["gradients"] if dc.tensor == "gradients" else bpp["parameters"]
-            msg = per_rank[dc.group] * el
-            t1 = collective_time(dc.kind, msg, n, link)
-            if dc.when == "per-step":
-                dp_step["grad" if dc.tensor == "gradients" else "param"] += t1
-                cnt = 1
-            else:
-                dp_mb["fwd" if dc.when.endswith("forward") else "bwd"] += t1
-                cnt = m
-            ledger.append(CommEntry(axis, dc.kind, msg, n, cnt, t1 * cnt, 0.0, link.bound_by, i))
-        if dp_mb["fwd"] or dp_mb["bwd"]:
-            exposed["dp"] = max(0.0, dp_mb["fwd"] - f) + max(0.0, dp_mb["bwd"] - bwd) \
-                + (dp_mb["fwd"] + dp_mb["bwd"]) / max(n_layers, 1)
-        # per-step DP sync: overlapped with the last micro-batch's backward (grads) and the first
-        # micro-batch's forward (params) when enabled; the last bucket/layer is always exposed
-        if s.overlap_grad_reduce:
-            dp_exposed = max(0.0, dp_step["grad"] - bwd) + dp_step["grad"] / max(n_layers, 1)
-        else:
-            dp_exposed = dp_step["grad"]
-        if s.overlap_param_gather:
-            dp_exposed += max(0.0, dp_step["param"] - f) + dp_step["param"] / max(n_layers, 1)
-        else:
-            dp_exposed += dp_step["param"]
-        # tied embeddings across first and last stage: all-reduce of the embedding gradient
-        tied = 0.0
-        if s.pp > 1 and not model.untie_embeddings_and_output_weights and i in (0, s.pp - 1):
-            other = stage_groups[s.pp - 1 if i == 0 else 0][0]
-            link = p2p_link(gslow, other, False, cluster)
-            msg = model.embedding_params(s.tp) / s.tp * bpp["gradients"]
-            tied = collective_time("all-reduce", msg, 2, link)
-            ledger.append(CommEntry("embedding", "all-reduce", msg, 2, 1, tied, tied, link.bound_by, i))
-        # optimizer step over this rank's shard: the stage's parameters x the optimizer's shard
-        # factor (model axes and data axes alike)
-        opt_params = placement.state_params("optimizer", sp_counts)
-        if s.offload_optimizer:
-            n_data = s.dp * s.cp
-            local = sum(per_rank.values()) / n_data
-            opt = (local * (bpp["gradients"] + bpp["parameters"]) / gpu_slow.pcie_bandwidth_bytes_per_s
-                   + C.ADAM_BYTES_PER_PARAM * local * gslow.gpus_per_node / HOST_ADAM_BANDWIDTH_BYTES_PER_S)
-        else:
-            opt = C.optimizer_time(opt_params, gpu_slow)
-        exposed_mb = sum(exposed.values())
+        costs = [P.tp_cost(model, s, groups, cluster, work),
+                 P.cp_cost(model, s, groups, cluster, work),
+                 P.ep_cost(model, s, groups, cluster, work, comp.recompute_skipped[1]),
+                 P.pp_cost(model, s, stage_groups, i, slow, cluster, work),
+                 P.dp_cost(model, s, placement, groups, cluster, work, per_rank),
+                 P.tied_embedding_cost(model, s, stage_groups, i, slow, cluster)]
+        for c in costs:
+            ledger.extend(c.entries)
+        opt = C.optimizer_step_time(s, placement, sp_counts, per_rank, slow)
+        exposed = {c.axis: c.per_microbatch_s for c in costs if c.per_microbatch_s}
+        dp_after = sum(c.after_step_s for c in costs)
         times.append(StageTime(
-            stage=i, node_group="+".join(g.name for g in groups), gpu=gpu_slow.name, layers=n_layers,
-            forward_s=f, backward_s=bwd, weight_grad_s=w, exposed_comm_s=exposed_mb,
-            exposed_by_axis=tuple(sorted(exposed.items())), after_step_s=dp_exposed + opt + tied,
-            optimizer_s=opt, dp_exposed_s=dp_exposed + tied))
+            stage=i, node_group="+".join(g.name for g in groups), gpu=slow.gpu.name, layers=end - start,
+            forward_s=comp.forward_s, backward_s=comp.backward_s, weight_grad_s=comp.weight_grad_s,
+            exposed_comm_s=sum(exposed.values()), exposed_by_axis=tuple(sorted(exposed.items())),
+            after_step_s=dp_after + opt, optimizer_s=opt, dp_exposed_s=dp_after))
     pipe = pipeline_time([t.forward_s for t in times], [t.backward_s for t in times],
                          [t.weight_grad_s for t in times], [t.exposed_comm_s for t in times],
                          m, s.vpp, s.schedule)
-    after = max(t.after_step_s for t in times)
-    step = pipe.total_s + after
-    slowest = max(times, key=lambda t: t.after_step_s)
-    by_axis: dict[str, float] = {}
-    crit = max(times, key=lambda t: t.per_microbatch_s)
-    for axis, v in crit.exposed_by_axis:
-        by_axis[axis] = by_axis.get(axis, 0.0) + v * m
-    by_axis["dp"] = by_axis.get("dp", 0.0) + slowest.dp_exposed_s
-    compute_s = m * (crit.forward_s + crit.backward_s)
-    breakdown = {
-        "compute": compute_s,
-        "exposed_communication": sum(by_axis.values()),
-        "bubble": max(0.0, step - compute_s - sum(by_axis.values()) - slowest.optimizer_s),
-        "optimizer": slowest.optimizer_s,
-        "exposed_communication_by_axis": dict(sorted(by_axis.items())),
-    }
+    step = pipe.total_s + max(t.after_step_s for t in times)
+    breakdown = _breakdown(times, m, step)
     mf = C.model_flops_per_step(model, s)
-    # hardware FLOPs add the recomputed forward work (HFU numerator)
-    if s.recompute == "full":
-        hf = mf * (1 + recomputed / model.num_layers / 3.0)   # a re-run forward is 1/3 of a layer
-    elif s.recompute == "selective":
-        # selective recompute repeats the core-attention forward: 4 B s^2 a d per layer
-        attn = 4.0 * s.global_batch_size * s.seq_length ** 2 * model.num_attention_heads \
-            * C.attention_head_dims(model)[0] * model.num_layers
-        hf = mf + attn
-    else:
-        hf = mf
+    hf = C.hardware_flops_per_step(model, s, mf, recomputed)
     peak_total = 0.0
     for groups in stage_groups:
         gp = min(g.gpu.peak(C.gemm_dtype(s, g.gpu)) for g in groups)
@@ -389,3 +236,25 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, s: Strategy) -> Estimate:
                     communication=tuple(ledger), step_time_s=step, breakdown=breakdown,
                     model_flops_per_step=mf, hardware_flops_per_step=hf, peak_flops_total=peak_total,
                     stage_groups=tuple("+".join(g.name for g in gs) for gs in stage_groups))
+
+
+def _breakdown(times: list[StageTime], m: int, step: float) -> dict:
+    """Step time by part: compute and exposed communication of the critical stage (the one with
+    the longest micro-batch) over m micro-batches, the after-step terms of the slowest stage,
+    the rest is pipeline bubble."""
+    slowest = max(times, key=lambda t: t.after_step_s)
+    crit = max(times, key=lambda t: t.per_microbatch_s)
+    by_axis: dict[str, float] = {}
+    for axis, v in crit.exposed_by_axis:
+        by_axis[axis] = by_axis.get(axis, 0.0) + v * m
+    by_axis["dp"] = by_axis.get("dp", 0.0) + slowest.dp_exposed_s
+    compute_s = m * (crit.forward_s + crit.backward_s)
+    return {
+        "compute": compute_s,
+        "exposed_communication": sum(by_axis.values()),
+        "bubble": max(0.0, step - compute_s - sum(by_axis.values()) - slowest.optimizer_s),
+        "optimizer": slowest.optimizer_s,
+        "exposed_communication_by_axis": dict(sorted(by_axis.items())),
+        "critical_stage": crit.stage,
+        "after_step_stage": slowest.stage,
+    }

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from planner.emit.explain import collectives, differing_terms, time_terms
+from planner.emit.explain import charged_entries, collectives, differing_terms, time_terms
 from planner.emit.plots import pareto_front
 from planner.estimate import estimate
 from planner.library import load_cluster_ref, load_model_ref
@@ -26,7 +26,7 @@ def test_time_terms_add_up_to_the_step_and_collectives_cover_the_ledger():
                                           seq_length=4096, recompute="selective"))
     assert sum(time_terms(e).values()) == pytest.approx(e.step_time_s, rel=1e-9)
     rows = collectives(e)
-    assert sum(r["time_s"] for r in rows) == pytest.approx(sum(c.time_s for c in e.communication), rel=1e-12)
+    assert sum(r["time_s"] for r in rows) == pytest.approx(sum(c.time_s for c in charged_entries(e)), rel=1e-12)
     assert {r["axis"] for r in rows} >= {"tp", "pp", "dp"} and all(r["link"] for r in rows)
 
 
@@ -79,3 +79,32 @@ def test_compare_two_plans_and_a_launch(tmp_path):
     assert r.returncode == 0 and "the terms that differ" in r.stdout
     r = _cli("compare", str(out / "plan-1" / "plan.json"), str(tmp_path / "nope.json"), "--cluster", "dgx-h100-x8")
     assert r.returncode == 2 and "Traceback" not in r.stderr and "nope.json" in r.stderr
+
+
+def test_ledger_exposed_matches_breakdown():
+    """--explain's collective ledger and its step-time breakdown agree axis by axis (the
+    ledger used to say DP exposed 0 while the breakdown charged it)."""
+    from planner.emit.explain import charged_entries
+    from planner.estimate import estimate
+    from planner.library import load_cluster_ref, load_model_ref
+    from planner.strategy import Strategy
+    cases = [("llama3-70b", "dgx-h100-x16", Strategy(tp=8, pp=4, dp=4, vpp=5, micro_batch_size=1,
+                                                   global_batch_size=256, seq_length=4096, recompute="selective")),
+             ("llama3-8b", "dgx-h100-x8", Strategy(tp=1, pp=1, dp=32, cp=2, micro_batch_size=1, global_batch_size=256,
+                                                  seq_length=8192, recompute="none", zero_stage=3)),
+             ("mixtral-8x22b", "dgx-h100-x32", Strategy(tp=2, pp=8, dp=16, ep=8, etp=1, micro_batch_size=1,
+                                                       global_batch_size=512, seq_length=4096, recompute="full",
+                                                       overlap_grad_reduce=False, overlap_param_gather=False)),
+             ("gpt3-175b", "dgx-h100-x16", Strategy(tp=8, pp=8, dp=2, micro_batch_size=1, global_batch_size=64,
+                                                   seq_length=2048, recompute="full"))]
+    for mname, cname, s in cases:
+        e = estimate(load_model_ref(mname), load_cluster_ref(cname), s)
+        ledger: dict = {}
+        for c in charged_entries(e):
+            axis = "dp" if c.axis in ("dp", "edp", "embedding") else c.axis
+            ledger[axis] = ledger.get(axis, 0.0) + c.exposed_s
+        charged = e.breakdown["exposed_communication_by_axis"]
+        assert set(k for k, v in ledger.items() if v > 0) <= set(charged), (mname, ledger, charged)
+        for axis, v in charged.items():
+            assert abs(ledger.get(axis, 0.0) - v) <= 1e-9 * e.step_time_s, (mname, axis, ledger, charged)
+        assert charged.get("dp", 0.0) > 0 or s.dp == 1

@@ -195,6 +195,36 @@ def optimizer_time(params_local: float, gpu: GPUProfile) -> float:
     return stream_time(gpu, ADAM_BYTES_PER_PARAM * params_local, kernels=4)
 
 
+# Host-side Adam for an offloaded optimizer streams the same bytes per parameter through host
+# DRAM; a dual-socket server sustains ~200 GB/s (e.g. 2 x 8-channel DDR5-4800 = 614 GB/s peak,
+# STREAM ~ 1/3 of that), shared by the node's GPUs. Planner assumption.
+HOST_ADAM_BANDWIDTH_BYTES_PER_S = 200e9
+
+
+def optimizer_step_time(s: Strategy, placement, stage_params, per_rank: dict, group) -> float:
+    """Seconds of the optimizer step of one rank: Adam over its optimizer shard on the GPU, or
+    with an offloaded optimizer, gradients down and parameters up over PCIe plus Adam in host
+    memory (the node's GPUs share the host's bandwidth)."""
+    from .memory import BYTES_PER_PARAM
+    bpp = BYTES_PER_PARAM[s.optimizer_convention]
+    if s.offload_optimizer:
+        local = sum(per_rank.values()) / (s.dp * s.cp)
+        return (local * (bpp["gradients"] + bpp["parameters"]) / group.gpu.pcie_bandwidth_bytes_per_s
+                + ADAM_BYTES_PER_PARAM * local * group.gpus_per_node / HOST_ADAM_BANDWIDTH_BYTES_PER_S)
+    return optimizer_time(placement.state_params("optimizer", stage_params), group.gpu)
+
+
+def hardware_flops_per_step(model: ModelSpec, s: Strategy, model_flops: float, recomputed_layers: int) -> float:
+    """Hardware FLOPs (HFU numerator): model FLOPs plus the recomputed forward work."""
+    if s.recompute == "full":
+        return model_flops * (1 + recomputed_layers / model.num_layers / 3.0)   # a re-run forward is 1/3 of a layer
+    if s.recompute == "selective":
+        # selective recompute repeats the core-attention forward: 4 B s^2 a d per layer
+        return model_flops + 4.0 * s.global_batch_size * s.seq_length ** 2 * model.num_attention_heads \
+            * attention_head_dims(model)[0] * model.num_layers
+    return model_flops
+
+
 def model_flops_per_step(model: ModelSpec, s: Strategy) -> float:
     """Model FLOPs of one step (MFU numerator): 3x the forward FLOPs of every matmul, with the
     full (non-causal) s^2 attention term and no recomputation, as in Korthikanti et al. 2022

@@ -41,10 +41,19 @@ def time_terms(e: Estimate) -> dict[str, float]:
     return terms
 
 
+def charged_entries(e: Estimate) -> list:
+    """The ledger rows the step time pays for: the per-micro-batch collectives of the critical
+    stage and the per-step ones of the stage that finishes last. Their exposed seconds add up
+    to the breakdown's exposed communication, axis by axis."""
+    crit, after = e.breakdown["critical_stage"], e.breakdown["after_step_stage"]
+    return [c for c in e.communication
+            if (c.when == "per-microbatch" and c.stage == crit) or (c.when == "per-step" and c.stage == after)]
+
+
 def collectives(e: Estimate) -> list[dict]:
-    """The communication ledger grouped by (axis, kind, link), per step."""
+    """The collectives the step time pays for (charged_entries), grouped by (axis, kind, link)."""
     rows: dict = {}
-    for c in e.communication:
+    for c in charged_entries(e):
         key = (c.axis, c.kind, c.link)
         r = rows.setdefault(key, {"axis": c.axis, "kind": c.kind, "link": c.link, "count": 0.0, "bytes": c.bytes,
                                   "group_size": c.group_size, "time_s": 0.0, "exposed_s": 0.0, "stages": set()})
@@ -89,7 +98,7 @@ def render_explain(e: Estimate, console) -> None:
     for k, v in terms.items():
         t2.add_row(k, f"{v:.3f}", f"{v / e.step_time_s * 100:.1f}%")
     console.print(t2)
-    t3 = Table(title="Collectives per step, summed over pipeline stages, and the link that bounds each")
+    t3 = Table(title="Collectives per step on the stages that set the step time (per micro-batch: the critical stage; per step: the last to finish), and the link that bounds each")
     for col in ("axis", "kind", "ranks", "MiB each", "count", "time s", "exposed s", "bounded by"):
         t3.add_column(col, justify="left" if col in ("axis", "kind", "bounded by") else "right")
     for r in collectives(e):

@@ -13,7 +13,8 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from ..errors import InvalidStrategy, PlannerError
-from ..estimate import Estimate, _layer_time, _time_key, ep_layer_collective, estimate, tp_layer_collectives
+from ..estimate import Estimate, _layer_time, _time_key, estimate
+from ..cost.parallel import ep_layer_collective, tp_layer_collectives
 from ..specs.cluster import ClusterSpec
 from ..specs.model import ModelSpec
 from ..strategy import Strategy, check_structure

@@ -1,0 +1,275 @@
+"""Communication of each parallel axis, one function per axis: what it sends, on which link,
+and how much of it the step sees (the rest hides under compute).
+
+Every function returns an AxisCost: seconds added to each micro-batch of its pipeline stage
+(`per_microbatch_s`), seconds exposed once per step after the pipeline drains
+(`after_step_s`), and ledger rows (CommEntry) whose `exposed_s` add up to exactly what the step
+time charges for that stage, so `--explain`'s collective ledger and its step-time breakdown
+agree. Sizes are bytes, times seconds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from ..placement import Placement, data_collectives
+from ..specs.cluster import ClusterSpec, NodeGroup
+from ..specs.model import ModelSpec
+from ..strategy import Strategy
+from .activations import BYTES_16BIT, expert_tokens_per_rank
+from .comm import collective_time, group_link, p2p_link
+from .memory import BYTES_PER_PARAM
+
+
+@dataclass(frozen=True)
+class CommEntry:
+    axis: str            # tp | cp | ep | pp | dp | edp | embedding
+    kind: str
+    bytes: float         # message size per collective, bytes
+    group_size: int
+    count_per_step: float
+    time_s: float        # per step, all occurrences, on this stage
+    exposed_s: float     # per step, what this stage's timeline pays (not hidden under compute)
+    link: str
+    stage: int
+    when: str = "per-microbatch"   # per-microbatch (inside the pipeline) | per-step (after it drains)
+
+    def as_dict(self) -> dict:
+        return {"axis": self.axis, "kind": self.kind, "bytes": self.bytes, "group_size": self.group_size,
+                "count_per_step": self.count_per_step, "time_s": self.time_s, "exposed_s": self.exposed_s,
+                "link": self.link, "stage": self.stage, "when": self.when}
+
+
+@dataclass(frozen=True)
+class AxisCost:
+    axis: str
+    per_microbatch_s: float = 0.0   # exposed seconds per micro-batch on this stage
+    after_step_s: float = 0.0       # exposed seconds once per step (DP sync, tied embeddings)
+    entries: tuple[CommEntry, ...] = ()
+
+
+@dataclass(frozen=True)
+class StageWork:
+    """What the communication of one stage can hide under, per micro-batch (seconds)."""
+    stage: int
+    layers: int
+    moe_layers: int
+    forward_s: float
+    backward_s: float
+    core_attention_forward_s: float
+    recompute_skipped_layers: int   # layers of a block-recompute stage that are not re-run
+    microbatches: int
+
+
+# ---- TP ---------------------------------------------------------------------------------------
+
+def tp_layer_collectives(model: ModelSpec, s: Strategy, groups: list[NodeGroup], cluster: ClusterSpec):
+    """TP collectives of one layer and one micro-batch (Korthikanti et al. 2022, sec. 4.2.2):
+    with SP 2 all-gathers + 2 reduce-scatters forward and the same backward, else 2 all-reduces
+    each way; full recompute repeats the forward ones. Returns ([(kind, count, seconds each)],
+    message bytes (the full [s/cp, b, h] bf16 tensor), link)."""
+    link = group_link(groups, s.tp, 1, cluster)
+    msg = BYTES_16BIT * s.seq_length / s.cp * s.micro_batch_size * model.hidden_size
+    passes = 2.0 + (1.0 if s.recompute == "full" else 0.0)   # fwd, bwd, re-run fwd
+    kinds = [("all-gather", 2), ("reduce-scatter", 2)] if s.sp else [("all-reduce", 2)]
+    return [(kind, cnt * passes, collective_time(kind, msg, s.tp, link)) for kind, cnt in kinds], msg, link
+
+
+def tp_cost(model: ModelSpec, s: Strategy, groups: list[NodeGroup], cluster: ClusterSpec, w: StageWork) -> AxisCost:
+    if s.tp <= 1:
+        return AxisCost("tp")
+    per_layer, msg, link = tp_layer_collectives(model, s, groups, cluster)
+    n = w.layers
+    entries = [(kind, cnt * n, t1) for kind, cnt, t1 in per_layer]
+    if w.recompute_skipped_layers:   # layers not recomputed do not repeat their forward collectives
+        plain, _, _ = tp_layer_collectives(model, replace(s, recompute="none"), groups, cluster)
+        k = w.recompute_skipped_layers
+        entries = [(kind, cnt * (n - k) + cnt0 * k, t1) for (kind, cnt, t1), (_, cnt0, _) in zip(per_layer, plain)]
+    raw = sum(n_coll * t1 for _, n_coll, t1 in entries)
+    exposed = raw
+    if s.tp_comm_overlap:
+        # TE userbuffers overlap the SP collectives with the neighbouring GEMMs
+        exposed = max(0.0, raw - (w.forward_s - w.core_attention_forward_s))
+    share = exposed / raw if raw > 0 else 0.0
+    m = w.microbatches
+    rows = tuple(CommEntry("tp", kind, msg, s.tp, n_coll * m, t1 * n_coll * m, t1 * n_coll * m * share,
+                           link.bound_by, w.stage) for kind, n_coll, t1 in entries)
+    return AxisCost("tp", per_microbatch_s=exposed, entries=rows)
+
+
+# ---- CP ---------------------------------------------------------------------------------------
+
+# Flash-attention backward does 5 matmuls to the forward's 2 (it recomputes P): 2.5x forward FLOPs
+# (Dao 2023, FlashAttention-2, sec. 3.1); CP's backward ring exchange hides under it.
+FLASH_BACKWARD_FACTOR = 2.5
+
+
+def cp_cost(model: ModelSpec, s: Strategy, groups: list[NodeGroup], cluster: ClusterSpec, w: StageWork) -> AxisCost:
+    """Ring attention (Megatron CP, p2p): each of the cp - 1 steps sends a K,V block to the next
+    rank while attention runs on the current one; backward passes K,V and their gradients."""
+    if s.cp <= 1:
+        return AxisCost("cp")
+    link = group_link(groups, s.cp, s.tp, cluster)
+    g_loc = max(model.num_query_groups / s.tp, 1.0)
+    tokens = s.seq_length / s.cp * s.micro_batch_size
+    kv = 2 * BYTES_16BIT * tokens * g_loc * model.kv_channels   # K and V blocks
+    t_step = collective_time("send-recv", kv, 2, link)
+    comm_f = (s.cp - 1) * t_step * w.layers
+    comm_b = 2 * comm_f
+    core = w.core_attention_forward_s
+    exposed = max(0.0, comm_f - core) + max(0.0, comm_b - FLASH_BACKWARD_FACTOR * core)
+    m = w.microbatches
+    return AxisCost("cp", per_microbatch_s=exposed,
+                    entries=(CommEntry("cp", "send-recv", kv, s.cp, 3 * (s.cp - 1) * w.layers * m,
+                                       (comm_f + comm_b) * m, exposed * m, link.bound_by, w.stage),))
+
+
+# ---- EP ---------------------------------------------------------------------------------------
+
+def ep_layer_collective(model: ModelSpec, s: Strategy, groups: list[NodeGroup], cluster: ClusterSpec):
+    """EP all-to-alls of one MoE layer and one micro-batch: dispatch + combine, forward and
+    backward (and the re-run forward under full recompute). Returns (count, seconds each,
+    bytes each rank sends, link)."""
+    link = group_link(groups, s.ep, s.expert_tp, cluster)
+    msg = BYTES_16BIT * expert_tokens_per_rank(model, s) * model.hidden_size / s.expert_tp
+    count = 2 * (2 + (1 if s.recompute == "full" else 0))
+    return count, collective_time("all-to-all", msg, s.ep, link), msg, link
+
+
+def ep_cost(model: ModelSpec, s: Strategy, groups: list[NodeGroup], cluster: ClusterSpec, w: StageWork,
+            moe_skipped: int) -> AxisCost:
+    if not (model.is_moe and s.ep > 1 and w.moe_layers):
+        return AxisCost("ep")
+    cnt, t1, msg, link = ep_layer_collective(model, s, groups, cluster)
+    n_coll = cnt * w.moe_layers
+    if moe_skipped:
+        cnt0, _, _, _ = ep_layer_collective(model, replace(s, recompute="none"), groups, cluster)
+        n_coll = cnt * (w.moe_layers - moe_skipped) + cnt0 * moe_skipped
+    m = w.microbatches
+    exposed = t1 * n_coll
+    return AxisCost("ep", per_microbatch_s=exposed,
+                    entries=(CommEntry("ep", "all-to-all", msg, s.ep, n_coll * m, t1 * n_coll * m,
+                                       exposed * m, link.bound_by, w.stage),))
+
+
+# ---- PP ---------------------------------------------------------------------------------------
+
+def stages_share_node(s: Strategy, i: int, j: int, groups_i: list[NodeGroup], groups_j: list[NodeGroup]) -> bool:
+    """Whether pipeline stages i and j sit on one node: torchrun puts global rank r on node
+    r // G, and stage k holds ranks [k * per, (k + 1) * per) (Megatron's rank order)."""
+    if len(groups_i) != 1 or groups_i != groups_j:
+        return False
+    G, per = groups_i[0].gpus_per_node, s.gpus_per_stage
+    lo, hi = min(i, j) * per, (max(i, j) + 1) * per - 1
+    return lo // G == hi // G
+
+
+def pp_message_bytes(model: ModelSpec, s: Strategy) -> float:
+    """Bytes one rank sends per pipeline hop: the [s/cp, b, h] activation, split over TP under SP."""
+    return BYTES_16BIT * s.seq_length / s.cp * s.micro_batch_size * model.hidden_size / (s.tp if s.sp else 1)
+
+
+def pp_cost(model: ModelSpec, s: Strategy, stage_groups: list[list[NodeGroup]], i: int, slow: NodeGroup,
+            cluster: ClusterSpec, w: StageWork) -> AxisCost:
+    """Activations forward and gradients backward, per boundary and virtual chunk; a stage waits
+    for its slower neighbour link."""
+    if s.pp <= 1:
+        return AxisCost("pp")
+    msg = pp_message_bytes(model, s)
+    groups = stage_groups[i]
+    t_pp = 0.0
+    rows = []
+    m = w.microbatches
+    for nb in ([i - 1] if i > 0 else []) + ([i + 1] if i < s.pp - 1 else []):
+        same = stages_share_node(s, i, nb, groups, stage_groups[nb])
+        link = p2p_link(slow, stage_groups[nb][0], same, cluster)
+        t1 = collective_time("send-recv", msg, 2, link)
+        t_pp = max(t_pp, t1)
+        n_p2p = 2 * s.vpp * m   # per neighbour and chunk: one activation and one gradient transfer
+        rows.append((msg, n_p2p, n_p2p * t1, link.bound_by))
+    # sends to one neighbour overlap receives from the other (batched isend/irecv): a
+    # micro-batch waits 2 hops per chunk on its slower boundary
+    exposed = 2 * s.vpp * t_pp
+    total = sum(r[2] for r in rows)
+    share = exposed * m / total if total > 0 else 0.0
+    return AxisCost("pp", per_microbatch_s=exposed,
+                    entries=tuple(CommEntry("pp", "send-recv", b, 2, n, t, t * share, why, i) for b, n, t, why in rows))
+
+
+# ---- DP ---------------------------------------------------------------------------------------
+
+def dp_cost(model: ModelSpec, s: Strategy, placement: Placement, groups: list[NodeGroup], cluster: ClusterSpec,
+            w: StageWork, per_rank: dict) -> AxisCost:
+    """Data-parallel (and expert-data-parallel) collectives from the placement table: per step
+    (gradient reduce, parameter gather) or per micro-batch (ZeRO-3 gathers and reduces). With
+    overlap, per-step traffic hides under the last micro-batch's backward (gradients) and the
+    first one's forward (parameters), except the last bucket (one layer's worth)."""
+    bpp = BYTES_PER_PARAM[s.optimizer_convention]
+    m = w.microbatches
+    n_layers = max(w.layers, 1)
+    step = {"grad": 0.0, "param": 0.0}
+    mb = {"fwd": 0.0, "bwd": 0.0}
+    raw = []   # (axis, kind, bytes, n, count, seconds each, bucket)
+    for dc in data_collectives(placement):
+        if dc.group == "experts":
+            n, stride, axis = s.expert_dp, s.expert_tp * s.ep, "edp"
+        else:
+            n, stride, axis = s.dp * s.cp, s.tp, "dp"
+        if n <= 1 or per_rank[dc.group] <= 0:
+            continue
+        link = group_link(groups, n, stride, cluster)
+        el = bpp["gradients"] if dc.tensor == "gradients" else bpp["parameters"]
+        msg = per_rank[dc.group] * el
+        t1 = collective_time(dc.kind, msg, n, link)
+        if dc.when == "per-step":
+            bucket = "grad" if dc.tensor == "gradients" else "param"
+            step[bucket] += t1
+            cnt = 1
+        else:
+            bucket = "fwd" if dc.when.endswith("forward") else "bwd"
+            mb[bucket] += t1
+            cnt = m
+        raw.append((axis, dc.kind, msg, n, cnt, t1, bucket, link.bound_by))
+    per_mb = 0.0
+    if mb["fwd"] or mb["bwd"]:
+        per_mb = (max(0.0, mb["fwd"] - w.forward_s) + max(0.0, mb["bwd"] - w.backward_s)
+                  + (mb["fwd"] + mb["bwd"]) / n_layers)
+    after = 0.0
+    if s.overlap_grad_reduce:
+        after += max(0.0, step["grad"] - w.backward_s) + step["grad"] / n_layers
+    else:
+        after += step["grad"]
+    if s.overlap_param_gather:
+        after += max(0.0, step["param"] - w.forward_s) + step["param"] / n_layers
+    else:
+        after += step["param"]
+    # each row's exposed share: its bucket's exposed time in proportion to its own time
+    exposed_of = {"grad": 0.0, "param": 0.0, "fwd": 0.0, "bwd": 0.0}
+    if step["grad"]:
+        exposed_of["grad"] = (max(0.0, step["grad"] - w.backward_s) + step["grad"] / n_layers
+                              if s.overlap_grad_reduce else step["grad"]) / step["grad"]
+    if step["param"]:
+        exposed_of["param"] = (max(0.0, step["param"] - w.forward_s) + step["param"] / n_layers
+                               if s.overlap_param_gather else step["param"]) / step["param"]
+    if mb["fwd"] or mb["bwd"]:
+        share = per_mb / (mb["fwd"] + mb["bwd"])
+        exposed_of["fwd"] = exposed_of["bwd"] = share
+    rows = tuple(CommEntry(axis, kind, msg, n, cnt, t1 * cnt, t1 * cnt * exposed_of[bucket], why, w.stage,
+                           "per-step" if bucket in ("grad", "param") else "per-microbatch")
+                 for axis, kind, msg, n, cnt, t1, bucket, why in raw)
+    return AxisCost("dp", per_microbatch_s=per_mb, after_step_s=after, entries=rows)
+
+
+def tied_embedding_cost(model: ModelSpec, s: Strategy, stage_groups: list[list[NodeGroup]], i: int,
+                        slow: NodeGroup, cluster: ClusterSpec) -> AxisCost:
+    """Tied input/output embeddings on the first and last stage: an all-reduce of the embedding
+    gradient between the two once per step (Megatron's embedding group)."""
+    if not (s.pp > 1 and not model.untie_embeddings_and_output_weights and i in (0, s.pp - 1)):
+        return AxisCost("embedding")
+    bpp = BYTES_PER_PARAM[s.optimizer_convention]
+    other = stage_groups[s.pp - 1 if i == 0 else 0][0]
+    link = p2p_link(slow, other, False, cluster)
+    msg = model.embedding_params(s.tp) / s.tp * bpp["gradients"]
+    t = collective_time("all-reduce", msg, 2, link)
+    return AxisCost("embedding", after_step_s=t,
+                    entries=(CommEntry("embedding", "all-reduce", msg, 2, 1, t, t, link.bound_by, i, "per-step"),))
