@@ -176,6 +176,15 @@ def stage_compute(model: ModelSpec, s: Strategy, i: int, start: int, end: int, g
     return best
 
 
+def _layer_counts(n_dense: int, n_moe: int, full: bool, skip_dense: int, skip_moe: int) -> dict:
+    """(MoE?, fully recomputed?) -> layers: under full recompute all but the skipped layers of
+    the block method are re-run."""
+    if not full:
+        return {(False, False): n_dense, (True, False): n_moe}
+    return {(False, True): n_dense - skip_dense, (True, True): n_moe - skip_moe,
+            (False, False): skip_dense, (True, False): skip_moe}
+
+
 def estimate(model: ModelSpec, cluster: ClusterSpec, s: Strategy) -> Estimate:
     """Memory, communication and step time of strategy `s`: per stage, its compute (the slowest
     GPU it spans), each axis's exposed communication (cost/parallel.py), its optimizer step;
@@ -196,10 +205,16 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, s: Strategy) -> Estimate:
         comp = stage_compute(model, s, i, start, end, groups)
         recomputed += comp.recomputed_layers
         slow = comp.group
-        work = P.StageWork(stage=i, layers=end - start, moe_layers=model.num_moe_layers_in(start, end),
+        n_moe = model.num_moe_layers_in(start, end)
+        skip_dense, skip_moe = comp.recompute_skipped
+        full = s.recompute == "full"
+        tk = _time_key(s)
+        work = P.StageWork(stage=i, layers=end - start, moe_layers=n_moe,
                            forward_s=comp.forward_s, backward_s=comp.backward_s,
                            core_attention_forward_s=comp.core_attention_forward_s,
-                           recompute_skipped_layers=sum(comp.recompute_skipped), microbatches=m)
+                           recompute_skipped_layers=skip_dense + skip_moe, microbatches=m,
+                           layer_counts=_layer_counts(end - start - n_moe, n_moe, full, skip_dense, skip_moe),
+                           layer_times={moe: _layer_time(model, tk, slow.gpu, moe) for moe in model.layer_kinds})
         sp_counts = stage_params(model, s, i)
         per_rank = {g: getattr(sp_counts, g) * placement.model_shard_factor(g) for g in ("dense", "norms", "experts")}
         costs = [P.tp_cost(model, s, groups, cluster, work),

@@ -38,6 +38,10 @@ class Strategy:
     overlap_grad_reduce: bool = True
     overlap_param_gather: bool = True
     tp_comm_overlap: bool = False
+    # backward TP collectives of column-parallel linears run asynchronously under their wgrad /
+    # dgrad GEMMs (Megatron's async_tensor_model_parallel_allreduce, on by default since late
+    # 2021 and always on in Megatron-Core; False models the SC'21-era code)
+    async_tensor_model_parallel_allreduce: bool = True
     fused_attention: bool = True    # flash/cuDNN fused attention (no s^2 activations)
     offload_optimizer: bool = False
     optimizer_convention: str = "megatron"

@@ -102,7 +102,7 @@ def _search_unfused(model, cluster, opts):
     for e in res.plans:
         # 2021: no sequence parallelism yet, unfused softmax, no DP overlap
         s = replace(e.strategy, fused_attention=False, sequence_parallel=False, overlap_grad_reduce=False,
-                    overlap_param_gather=False)
+                    overlap_param_gather=False, async_tensor_model_parallel_allreduce=False)
         out.append(estimate(model, cluster, s))
     out.sort(key=lambda e: -e.step_time_s)
     return out

@@ -13,6 +13,7 @@ below peak, and GPUs with a high FLOP/byte ratio (H100 vs A100) lose more to mem
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from ..specs.hardware import GPUProfile
@@ -38,6 +39,8 @@ class LayerTime:
     backward_weight: float    # weight-gradient part (W)
     recompute: float          # extra forward work in backward under recomputation
     core_attention_forward: float  # the part selective recompute repeats
+    column_parallel_gemm_forward: float  # forward GEMMs of the column-parallel linears (QKV, fc1):
+    # their backward TP collectives overlap their own wgrad/dgrad GEMMs (cost/parallel.py)
     flops_forward: float      # hardware FLOPs of the forward pass
 
     @property
@@ -45,12 +48,35 @@ class LayerTime:
         return self.forward + self.backward_input + self.backward_weight + self.recompute
 
 
-def gemm_time(gpu: GPUProfile, dtype: str, m: float, n: float, k: float) -> float:
-    """Seconds for one (m x k) @ (k x n) GEMM; the roofline plus a fixed per-kernel cost."""
-    flops = 2.0 * m * n * k
-    bytes_moved = BYTES_16BIT * (m * k + k * n + m * n)
+def gemm_efficiency(gpu: GPUProfile, dtype: str, m: float, n: float, k: float) -> float:
+    """Achieved / peak tensor throughput of one (m x k) @ (k x n) GEMM:
+    eff_max(dtype) x tile quantization x K-loop fill.
+    - eff_max: a large GEMM's sustained throughput / datasheet peak (profile `matmul`, or
+      `matmul_fp8` for fp8), at training clocks.
+    - tile quantization: the output is computed in gemm_tile x gemm_tile tiles; a partial tile
+      costs a whole one (NVIDIA Deep Learning Performance Guide, "Matrix Multiplication
+      Background": tile quantization), so m*n / (ceil(m/T) T ceil(n/T) T).
+    - K-loop fill: each tile pays a fixed prologue (filling the multistage copy pipeline) and
+      epilogue worth gemm_k_fill elements of its K loop, so k / (k + k_fill): thin K shards
+      (out-projection and fc2 at high TP, attention's QK^T over a head dimension) run slower.
+    Big GEMMs reach eff_max; thin TP shards and small hidden sizes fall below it."""
     e = gpu.efficiency
-    return gpu.compute_time_scale * (max(flops / (gpu.peak(dtype) * e.matmul),
+    eff_max = (e.matmul_fp8 or e.matmul) if dtype == "fp8" else e.matmul
+    T = e.gemm_tile
+    q = (m * n) / (math.ceil(m / T) * T * math.ceil(n / T) * T) if m > 0 and n > 0 else 1.0
+    fill = k / (k + e.gemm_k_fill) if k > 0 else 1.0
+    return eff_max * q * fill
+
+
+def gemm_time(gpu: GPUProfile, dtype: str, m: float, n: float, k: float, batch: float = 1) -> float:
+    """Seconds for `batch` independent (m x k) @ (k x n) GEMMs in one kernel (a batched or
+    grouped GEMM): the roofline of their FLOPs at gemm_efficiency and of the bytes they move
+    (2-byte operands, 1-byte for fp8 inputs), plus one fixed per-kernel cost."""
+    flops = 2.0 * m * n * k * batch
+    in_bytes = 1 if dtype == "fp8" else BYTES_16BIT
+    bytes_moved = batch * (in_bytes * (m * k + k * n) + BYTES_16BIT * m * n)
+    e = gpu.efficiency
+    return gpu.compute_time_scale * (max(flops / (gpu.peak(dtype) * gemm_efficiency(gpu, dtype, m, n, k)),
                                          bytes_moved / (gpu.memory_bandwidth_bytes_per_s * e.memory_bandwidth))
                                      + e.kernel_overhead_s)
 
@@ -88,25 +114,29 @@ def layer_time(model: ModelSpec, s: Strategy, gpu: GPUProfile, moe: bool) -> Lay
     a_loc = a / t
     fwd = 0.0
     flops = 0.0
+    col = 0.0
 
-    def g(m, n, k):
-        nonlocal fwd, flops
-        fwd += gemm_time(gpu, dt, m, n, k)
-        flops += 2.0 * m * n * k
+    def g(m, n, k, column_parallel=False, batch=1):
+        nonlocal fwd, flops, col
+        dt_ = gemm_time(gpu, dt, m, n, k, batch)
+        fwd += dt_
+        flops += 2.0 * m * n * k * batch
+        if column_parallel:
+            col += dt_
 
     # --- attention projections
     if model.multi_latent_attention:
         if model.q_lora_rank:
             g(M, model.q_lora_rank, h)
-            g(M, a_loc * dqk, model.q_lora_rank)
+            g(M, a_loc * dqk, model.q_lora_rank, True)
         else:
-            g(M, a_loc * dqk, h)
+            g(M, a_loc * dqk, h, True)
         g(M, model.kv_lora_rank + model.qk_pos_emb_head_dim, h)
-        g(M, a_loc * (model.qk_head_dim + dv), model.kv_lora_rank)
+        g(M, a_loc * (model.qk_head_dim + dv), model.kv_lora_rank, True)
         g(M, h, a_loc * dv)
     else:
         g_loc = max(model.num_query_groups / t, 1.0)
-        g(M, (a_loc + 2 * g_loc) * model.kv_channels, h)
+        g(M, (a_loc + 2 * g_loc) * model.kv_channels, h, True)
         g(M, h, a_loc * model.kv_channels)
     # --- core attention (per rank: s/cp queries against all s keys; CP load-balances causality)
     attn_flops = 4.0 * s_q * s.seq_length * b * a_loc * (dqk + dv) / 2
@@ -117,9 +147,11 @@ def layer_time(model: ModelSpec, s: Strategy, gpu: GPUProfile, moe: bool) -> Lay
                                          + gpu.efficiency.kernel_overhead_s)
         core_bwd = core * FLASH_BACKWARD_FACTOR
     else:
-        # two batched GEMMs + fused scale-mask-softmax (+ dropout) over the s x s scores
-        core = gpu.compute_time_scale * (attn_flops / (gpu.peak(dt) * gpu.efficiency.matmul)
-                                         + 2 * gpu.efficiency.kernel_overhead_s)
+        # two batched GEMMs per (micro-batch, local head): QK^T (s_q x d) @ (d x s_k) and
+        # AV (s_q x s_k) @ (s_k x d_v), + fused scale-mask-softmax (+ dropout) over the scores
+        heads = b * a_loc
+        core = (gemm_time(gpu, dt, s_q, s.seq_length, dqk, batch=heads)
+                + gemm_time(gpu, dt, s_q, dv, s.seq_length, batch=heads))
         score_elems = s_q * s.seq_length * b * a_loc
         bytes_sm = BYTES_16BIT * 2 * score_elems + (5 * score_elems if model.attention_dropout > 0 else 0)
         core += stream_time(gpu, bytes_sm, kernels=2)
@@ -129,7 +161,7 @@ def layer_time(model: ModelSpec, s: Strategy, gpu: GPUProfile, moe: bool) -> Lay
     # --- MLP
     if not moe:
         f = model.ffn_hidden_size
-        g(M, f * (2 if model.swiglu else 1) / t, h)
+        g(M, f * (2 if model.swiglu else 1) / t, h, True)
         g(M, h, f / t)
         act_bytes = BYTES_16BIT * M * f / t * (3 if model.swiglu else 2)
     else:
@@ -137,16 +169,16 @@ def layer_time(model: ModelSpec, s: Strategy, gpu: GPUProfile, moe: bool) -> Lay
         e_loc = model.num_experts / s.ep
         f = model.moe_ffn_hidden_size
         g(M_sp, model.num_experts, h)          # router
-        # grouped GEMM over the local experts: priced as one GEMM of T tokens, plus one kernel
-        # overhead per local expert for the per-expert tiles
-        g(T, f * (2 if model.swiglu else 1) / s.expert_tp, h)
-        g(T, h, f / s.expert_tp)
+        # grouped GEMM over the local experts: e_loc GEMMs of T / e_loc tokens in one kernel,
+        # plus one kernel overhead per further expert for its tiles' setup
+        g(T / e_loc, f * (2 if model.swiglu else 1) / s.expert_tp, h, batch=e_loc)
+        g(T / e_loc, h, f / s.expert_tp, batch=e_loc)
         fwd += 2 * (e_loc - 1) * gpu.efficiency.kernel_overhead_s * gpu.compute_time_scale
         act_bytes = BYTES_16BIT * T * f / s.expert_tp * (3 if model.swiglu else 2)
         act_bytes += 4 * BYTES_16BIT * T * h      # permute + unpermute, read and write
         if model.moe_shared_expert_intermediate_size:
             fs = model.moe_shared_expert_intermediate_size
-            g(M, fs * (2 if model.swiglu else 1) / t, h)
+            g(M, fs * (2 if model.swiglu else 1) / t, h, True)
             g(M, h, fs / t)
             act_bytes += BYTES_16BIT * M * fs / t * (3 if model.swiglu else 2)
     # --- elementwise: 2 norms (read+write), 2 bias-dropout-add (read x, residual; write out,
@@ -169,7 +201,8 @@ def layer_time(model: ModelSpec, s: Strategy, gpu: GPUProfile, moe: bool) -> Lay
     else:
         recompute = 0.0
     return LayerTime(forward=fwd, backward_input=b_input, backward_weight=b_weight,
-                     recompute=recompute, core_attention_forward=core, flops_forward=flops)
+                     recompute=recompute, core_attention_forward=core, flops_forward=flops,
+                     column_parallel_gemm_forward=col)
 
 
 def output_layer_time(model: ModelSpec, s: Strategy, gpu: GPUProfile) -> tuple[float, float]:

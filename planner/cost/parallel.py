@@ -59,41 +59,83 @@ class StageWork:
     core_attention_forward_s: float
     recompute_skipped_layers: int   # layers of a block-recompute stage that are not re-run
     microbatches: int
+    layer_counts: dict              # (MoE?, fully recomputed?) -> layers of the stage
+    layer_times: dict               # MoE? -> LayerTime on the GPU that sets the stage's pace
 
 
 # ---- TP ---------------------------------------------------------------------------------------
 
 def tp_layer_collectives(model: ModelSpec, s: Strategy, groups: list[NodeGroup], cluster: ClusterSpec):
-    """TP collectives of one layer and one micro-batch (Korthikanti et al. 2022, sec. 4.2.2):
-    with SP 2 all-gathers + 2 reduce-scatters forward and the same backward, else 2 all-reduces
-    each way; full recompute repeats the forward ones. Returns ([(kind, count, seconds each)],
-    message bytes (the full [s/cp, b, h] bf16 tensor), link)."""
+    """TP collectives of one layer and one micro-batch by when they run (Korthikanti et al. 2022,
+    sec. 4.2.2; megatron/core/tensor_parallel/layers.py LinearWithGradAccumulationAndAsync-
+    Communication, and Transformer Engine's Linear, which overlap the same way):
+    - forward: with SP an all-gather before each column-parallel linear (QKV, fc1) and a
+      reduce-scatter after each row-parallel one (out-proj, fc2); without SP an all-reduce after
+      each row-parallel linear. On the critical path.
+    - backward, exposed: with SP the all-gather of the output gradient before a row-parallel
+      linear's dgrad.
+    - backward, under wgrad: the input-gradient reduce-scatter (SP) or all-reduce (no SP) of a
+      column-parallel linear runs asynchronously while its weight gradient is computed.
+    - backward, under dgrad: with SP the re-gather of the column-parallel input for its wgrad runs
+      while its dgrad is computed.
+    Returns ({phase: [(kind, count, seconds each)]}, message bytes (the full [s/cp, b, h] bf16
+    tensor), link)."""
     link = group_link(groups, s.tp, 1, cluster)
     msg = BYTES_16BIT * s.seq_length / s.cp * s.micro_batch_size * model.hidden_size
-    passes = 2.0 + (1.0 if s.recompute == "full" else 0.0)   # fwd, bwd, re-run fwd
-    kinds = [("all-gather", 2), ("reduce-scatter", 2)] if s.sp else [("all-reduce", 2)]
-    return [(kind, cnt * passes, collective_time(kind, msg, s.tp, link)) for kind, cnt in kinds], msg, link
+    ag, rs, ar = (collective_time(k, msg, s.tp, link) for k in ("all-gather", "reduce-scatter", "all-reduce"))
+    if s.sp:
+        phases = {"forward": [("all-gather", 2, ag), ("reduce-scatter", 2, rs)],
+                  "backward": [("all-gather", 2, ag)],
+                  "under-wgrad": [("reduce-scatter", 2, rs)],
+                  "under-dgrad": [("all-gather", 2, ag)]}
+    else:
+        phases = {"forward": [("all-reduce", 2, ar)], "backward": [], "under-wgrad": [("all-reduce", 2, ar)],
+                  "under-dgrad": []}
+    return phases, msg, link
+
+
+def _phase_s(rows) -> float:
+    return sum(cnt * t1 for _, cnt, t1 in rows)
+
+
+def tp_layer_exposed_s(phases: dict, lt, recomputed: bool, tp_comm_overlap: bool, async_backward: bool = True) -> float:
+    """Seconds one layer's TP collectives add to a micro-batch, given its compute (LayerTime):
+    the forward ones (twice when the layer is recomputed), the exposed backward ones, and what
+    the asynchronous ones do not hide under the column-parallel GEMMs (wgrad and dgrad each take
+    about the forward GEMM's time). With --tp-comm-overlap (Transformer Engine userbuffers)
+    every collective is split into chunks pipelined with the neighbouring GEMMs, forward and
+    backward: only what exceeds the layer's GEMM time shows."""
+    fwd = _phase_s(phases["forward"]) * (2 if recomputed else 1)
+    raw = fwd + _phase_s(phases["backward"]) + _phase_s(phases["under-wgrad"]) + _phase_s(phases["under-dgrad"])
+    if tp_comm_overlap:
+        gemms = lt.backward_weight * (3 + (1 if recomputed else 0))   # fwd, dgrad, wgrad (+ re-run fwd)
+        return max(0.0, raw - gemms)
+    col = lt.column_parallel_gemm_forward if async_backward else 0.0
+    return (fwd + _phase_s(phases["backward"]) + max(0.0, _phase_s(phases["under-wgrad"]) - col)
+            + max(0.0, _phase_s(phases["under-dgrad"]) - col))
 
 
 def tp_cost(model: ModelSpec, s: Strategy, groups: list[NodeGroup], cluster: ClusterSpec, w: StageWork) -> AxisCost:
     if s.tp <= 1:
         return AxisCost("tp")
-    per_layer, msg, link = tp_layer_collectives(model, s, groups, cluster)
-    n = w.layers
-    entries = [(kind, cnt * n, t1) for kind, cnt, t1 in per_layer]
-    if w.recompute_skipped_layers:   # layers not recomputed do not repeat their forward collectives
-        plain, _, _ = tp_layer_collectives(model, replace(s, recompute="none"), groups, cluster)
-        k = w.recompute_skipped_layers
-        entries = [(kind, cnt * (n - k) + cnt0 * k, t1) for (kind, cnt, t1), (_, cnt0, _) in zip(per_layer, plain)]
-    raw = sum(n_coll * t1 for _, n_coll, t1 in entries)
-    exposed = raw
-    if s.tp_comm_overlap:
-        # TE userbuffers overlap the SP collectives with the neighbouring GEMMs
-        exposed = max(0.0, raw - (w.forward_s - w.core_attention_forward_s))
+    phases, msg, link = tp_layer_collectives(model, s, groups, cluster)
+    # layers by (kind, recomputed?): layers of one kind cost the same
+    exposed = 0.0
+    counts: dict = {}
+    for (moe, recomputed), n in w.layer_counts.items():
+        if n <= 0:
+            continue
+        exposed += n * tp_layer_exposed_s(phases, w.layer_times[moe], recomputed, s.tp_comm_overlap,
+                                          s.async_tensor_model_parallel_allreduce)
+        for phase, rows in phases.items():
+            for kind, cnt, t1 in rows:
+                k = cnt * n * (2 if (phase == "forward" and recomputed) else 1)
+                counts[kind] = (counts.get(kind, (0.0, t1))[0] + k, t1)
+    raw = sum(c * t1 for c, t1 in counts.values())
     share = exposed / raw if raw > 0 else 0.0
     m = w.microbatches
-    rows = tuple(CommEntry("tp", kind, msg, s.tp, n_coll * m, t1 * n_coll * m, t1 * n_coll * m * share,
-                           link.bound_by, w.stage) for kind, n_coll, t1 in entries)
+    rows = tuple(CommEntry("tp", kind, msg, s.tp, c * m, t1 * c * m, t1 * c * m * share, link.bound_by, w.stage)
+                 for kind, (c, t1) in counts.items())
     return AxisCost("tp", per_microbatch_s=exposed, entries=rows)
 
 
@@ -165,8 +207,21 @@ def stages_share_node(s: Strategy, i: int, j: int, groups_i: list[NodeGroup], gr
 
 
 def pp_message_bytes(model: ModelSpec, s: Strategy) -> float:
-    """Bytes one rank sends per pipeline hop: the [s/cp, b, h] activation, split over TP under SP."""
-    return BYTES_16BIT * s.seq_length / s.cp * s.micro_batch_size * model.hidden_size / (s.tp if s.sp else 1)
+    """Bytes one rank sends per pipeline hop: its 1/tp slice of the [s/cp, b, h] activation.
+    Under SP the tensor is already split along s; without SP every TP rank holds the whole
+    tensor and Megatron scatters it over the TP ranks before the send and all-gathers it after
+    the receive (scatter_gather_tensors_in_pipeline, Narayanan et al. 2021 sec. 4.1), so the
+    slow link carries 1/tp of it either way."""
+    return BYTES_16BIT * s.seq_length / s.cp * s.micro_batch_size * model.hidden_size / s.tp
+
+
+def pp_gather_s(model: ModelSpec, s: Strategy, groups: list[NodeGroup], cluster: ClusterSpec) -> float:
+    """Without SP: the all-gather over the TP group that rebuilds a received activation (the
+    scatter side is a local slice). Zero under SP or at TP 1."""
+    if s.tp <= 1 or s.sp:
+        return 0.0
+    full = BYTES_16BIT * s.seq_length / s.cp * s.micro_batch_size * model.hidden_size
+    return collective_time("all-gather", full, s.tp, group_link(groups, s.tp, 1, cluster))
 
 
 def pp_cost(model: ModelSpec, s: Strategy, stage_groups: list[list[NodeGroup]], i: int, slow: NodeGroup,
@@ -188,8 +243,9 @@ def pp_cost(model: ModelSpec, s: Strategy, stage_groups: list[list[NodeGroup]], 
         n_p2p = 2 * s.vpp * m   # per neighbour and chunk: one activation and one gradient transfer
         rows.append((msg, n_p2p, n_p2p * t1, link.bound_by))
     # sends to one neighbour overlap receives from the other (batched isend/irecv): a
-    # micro-batch waits 2 hops per chunk on its slower boundary
-    exposed = 2 * s.vpp * t_pp
+    # micro-batch waits 2 hops per chunk on its slower boundary, each followed by the TP
+    # all-gather that rebuilds the tensor when SP is off
+    exposed = 2 * s.vpp * (t_pp + pp_gather_s(model, s, groups, cluster))
     total = sum(r[2] for r in rows)
     share = exposed * m / total if total > 0 else 0.0
     return AxisCost("pp", per_microbatch_s=exposed,

@@ -14,7 +14,8 @@ import numpy as np
 
 from ..errors import InvalidStrategy, PlannerError
 from ..estimate import Estimate, _layer_time, _time_key, estimate
-from ..cost.parallel import ep_layer_collective, tp_layer_collectives
+from ..cost.parallel import (ep_layer_collective, pp_gather_s, pp_message_bytes, tp_layer_collectives,
+                             tp_layer_exposed_s)
 from ..specs.cluster import ClusterSpec
 from ..specs.model import ModelSpec
 from ..strategy import Strategy, check_structure
@@ -300,14 +301,20 @@ class _Bounds:
         v = self._layer.get(key)
         if v is None:
             model, g = self.model, self.cluster.group(group_name)
-            tp = 0.0
-            if s.tp > 1 and not s.tp_comm_overlap:
-                per_layer, _, _ = tp_layer_collectives(model, s, [g], self.cluster)
-                tp = sum(cnt * t1 for _, cnt, t1 in per_layer)
-            dense = _layer_time(model, tk, g.gpu, False).total + tp
+
+            def tp(lt):
+                if s.tp <= 1:
+                    return 0.0
+                phases, _, _ = tp_layer_collectives(model, s, [g], self.cluster)
+                return tp_layer_exposed_s(phases, lt, s.recompute == "full", s.tp_comm_overlap,
+                                          s.async_tensor_model_parallel_allreduce)
+
+            lt_d = _layer_time(model, tk, g.gpu, False)
+            dense = lt_d.total + tp(lt_d)
             moe = dense
             if model.is_moe:
-                moe = _layer_time(model, tk, g.gpu, True).total + tp
+                lt_m = _layer_time(model, tk, g.gpu, True)
+                moe = lt_m.total + tp(lt_m)
                 if s.ep > 1:
                     cnt, t1, _, _ = ep_layer_collective(model, s, [g], self.cluster)
                     moe += cnt * t1
@@ -352,13 +359,13 @@ class _Bounds:
 
     def pp_hop(self, s: Strategy, a: str, b: str, same_node: bool = False) -> float:
         """One activation send between stages on groups a and b, as `estimate` prices it."""
-        key = (s.seq_length, s.cp, s.micro_batch_size, s.tp if s.sp else 1, a, b, same_node)
+        key = (s.seq_length, s.cp, s.micro_batch_size, s.tp, s.sp, a, b, same_node)
         v = self._pp.get(key)
         if v is None:
-            msg = BYTES_16BIT * s.seq_length / s.cp * s.micro_batch_size * self.model.hidden_size \
-                / (s.tp if s.sp else 1)
             link = p2p_link(self.cluster.group(a), self.cluster.group(b), same_node, self.cluster)
-            v = self._pp[key] = collective_time("send-recv", msg, 2, link)
+            v = self._pp[key] = (collective_time("send-recv", pp_message_bytes(self.model, s), 2, link)
+                                 + min(pp_gather_s(self.model, s, [self.cluster.group(x)], self.cluster)
+                                       for x in (a, b)))
         return v
 
     def least_hop(self, s: Strategy, a: str, b: str) -> float:

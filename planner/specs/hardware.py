@@ -12,7 +12,7 @@ from typing import Any
 
 from ..errors import SpecError
 from ..units import UnitError, parse_bandwidth, parse_size, parse_time
-from ..yamlio import check_fields, get_float, get_str, load_file
+from ..yamlio import check_fields, get_float, get_int, get_str, load_file
 
 DTYPES = ("fp32", "tf32", "fp16", "bf16", "fp8")
 
@@ -26,6 +26,12 @@ class Efficiency:
     scale_up: float               # NCCL bus bandwidth / scale-up link rate (per direction)
     network: float                # NCCL bus bandwidth / NIC line rate
     flash_attention: float        # fused attention throughput / peak (relative to GEMMs)
+    matmul_fp8: float | None = None   # large fp8 GEMM throughput / fp8 peak (None: as matmul)
+    # GEMM shape terms (cost/compute.py gemm_efficiency): output tiles of gemm_tile x gemm_tile
+    # elements (work on a partial tile is wasted), and a fixed pipeline fill + epilogue per tile
+    # worth gemm_k_fill elements of the K loop
+    gemm_tile: int = 128
+    gemm_k_fill: int = 0
 
 
 @dataclass(frozen=True)
@@ -66,7 +72,9 @@ PROFILE_FIELDS = {"name", "vendor", "memory", "memory_bandwidth", "peak_tflops",
                   "efficiency", "source", "uncertain", "notes"}
 PROFILE_REQUIRED_FIELDS = {"name", "memory", "memory_bandwidth", "peak_tflops", "scale_up_bandwidth",
                            "pcie_bandwidth", "memory_reserve", "fragmentation_fraction", "efficiency"}
-EFF_FIELDS = {"matmul", "memory_bandwidth", "kernel_overhead", "scale_up", "network", "flash_attention"}
+EFF_FIELDS = {"matmul", "memory_bandwidth", "kernel_overhead", "scale_up", "network", "flash_attention",
+              "matmul_fp8", "gemm_tile", "gemm_k_fill"}
+EFF_REQUIRED_FIELDS = {"matmul", "memory_bandwidth", "kernel_overhead", "scale_up", "network", "flash_attention"}
 
 
 def _unit(fn, data: dict, key: str, source: str, prefix: str = ""):
@@ -88,7 +96,7 @@ def profile_from_dict(data: Any, source: str) -> GPUProfile:
     if not ({"bf16", "fp16"} & set(peak_flops)):
         raise SpecError(source, "peak_tflops", "expected at least a bf16 or fp16 peak")
     eff = data["efficiency"]
-    check_fields(eff, source, "efficiency", EFF_FIELDS, EFF_FIELDS)
+    check_fields(eff, source, "efficiency", EFF_FIELDS, EFF_REQUIRED_FIELDS)
     efficiency = Efficiency(
         matmul=get_float(eff, "matmul", source, "efficiency", minimum=0.01, maximum=1.0),
         memory_bandwidth=get_float(eff, "memory_bandwidth", source, "efficiency", minimum=0.01, maximum=1.0),
@@ -96,6 +104,9 @@ def profile_from_dict(data: Any, source: str) -> GPUProfile:
         scale_up=get_float(eff, "scale_up", source, "efficiency", minimum=0.01, maximum=1.0),
         network=get_float(eff, "network", source, "efficiency", minimum=0.01, maximum=1.0),
         flash_attention=get_float(eff, "flash_attention", source, "efficiency", minimum=0.01, maximum=1.0),
+        matmul_fp8=get_float(eff, "matmul_fp8", source, "efficiency", minimum=0.01, maximum=1.0),
+        gemm_tile=get_int(eff, "gemm_tile", source, "efficiency", default=128, minimum=1, maximum=1024),
+        gemm_k_fill=get_int(eff, "gemm_k_fill", source, "efficiency", default=0, minimum=0, maximum=100_000),
     )
     uncertain = data.get("uncertain") or []
     if not isinstance(uncertain, list) or not all(isinstance(u, str) for u in uncertain):

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from .cluster import (INTERCONNECT_FIELDS, REQUIRED_CLUSTER_FIELDS, REQUIRED_GROUP_FIELDS,
                       REQUIRED_INTERCONNECT_FIELDS)
-from .hardware import DTYPES, EFF_FIELDS, PROFILE_REQUIRED_FIELDS
+from .hardware import DTYPES, EFF_REQUIRED_FIELDS, PROFILE_REQUIRED_FIELDS
 from .model import NORMALIZATIONS, POSITION_EMBEDDINGS, REQUIRED_MODEL_FIELDS
 
 _NUM = r"[0-9]*\.?[0-9]+([eE][+-]?[0-9]+)?"
@@ -115,6 +115,9 @@ EFFICIENCY_PROPERTIES = {
     "scale_up": _fraction("NCCL bus bandwidth / scale-up link rate"),
     "network": _fraction("NCCL bus bandwidth / NIC line rate"),
     "flash_attention": _fraction("fused attention achieved / peak TFLOP/s"),
+    "matmul_fp8": _fraction("large fp8 GEMM achieved / fp8 peak TFLOP/s (default: matmul)"),
+    "gemm_tile": _int("GEMM output tile edge, elements: work on partial tiles is wasted (default 128)"),
+    "gemm_k_fill": _int("per-tile pipeline fill + epilogue, in K-loop elements (default 0)", minimum=0),
 }
 PROFILE_PROPERTIES = {
     "name": {**NAME, "description": "profile name"},
@@ -131,7 +134,7 @@ PROFILE_PROPERTIES = {
     "fragmentation_fraction": {"type": "number", "minimum": 0, "maximum": 0.5,
                                "description": "caching-allocator fragmentation allowance"},
     "efficiency": {"type": "object", "properties": EFFICIENCY_PROPERTIES, "additionalProperties": False,
-                   "required": sorted(EFF_FIELDS)},
+                   "required": sorted(EFF_REQUIRED_FIELDS)},
     "source": TEXT,
     "uncertain": {"type": "array", "items": TEXT, "description": "fields not measured, only estimated"},
     "notes": TEXT,
