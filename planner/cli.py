@@ -306,7 +306,7 @@ def _render_plans(res, m, c, info) -> None:
     from .emit.report import compress_runs
     t = Table(title=f"Top plans: {m.name} on {c.name} ({c.num_gpus} GPUs)")
     for col in ("#", "tp pp dp cp ep vpp", "mbs", "recompute", "zero", "layers/stage", "stages on",
-                "GiB used/usable", "step s", "tokens/s", "MFU"):
+                "GiB used/usable", "step s", "tokens/s", "TFLOP/s", "MFU"):
         t.add_column(col, justify="right", overflow="fold")
     for k, e in enumerate(res.plans, 1):
         s = e.strategy
@@ -315,8 +315,11 @@ def _render_plans(res, m, c, info) -> None:
         t.add_row(str(k), f"{s.tp} {s.pp} {s.dp} {s.cp} {s.ep} {s.vpp}", str(s.micro_batch_size), s.recompute_label,
                   str(s.zero_stage), layers, compress_runs(e.stage_groups),
                   f"{pk.total / 2**30:.1f}/{pk.capacity / 2**30:.1f}", f"{e.step_time_s:.3f}",
-                  f"{e.tokens_per_s:,.0f}", f"{e.mfu * 100:.1f}%")
+                  f"{e.tokens_per_s:,.0f}", f"{e.model_tflops_per_gpu:.0f}", f"{e.mfu * 100:.1f}%")
     console.print(t)
+    if res.plans:
+        console.print(f"TFLOP/s: model FLOPs per second per GPU; MFU against the {res.plans[0].mfu_basis}"
+                      + (" (fp8 plans too)" if res.plans[0].strategy.precision == "fp8" else ""))
     console.print(f"searched {info['candidates']} candidates ({info['pruned_memory']} pruned by memory, "
                   f"{info['pruned_bound']} by the step-time bound, {info['priced']} priced) in {info['seconds']:.1f} s; "
                   f"stage partition solver: {info['solver']}")

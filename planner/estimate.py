@@ -50,7 +50,8 @@ class Estimate:
     breakdown: dict
     model_flops_per_step: float
     hardware_flops_per_step: float
-    peak_flops_total: float
+    peak_flops_total: float       # FLOP/s, all GPUs, dense 16-bit peak (the MFU basis)
+    gemm_peak_flops_total: float  # FLOP/s, all GPUs, peak of the GEMM dtype used (fp8 for fp8)
     stage_groups: tuple[str, ...]
 
     @property
@@ -67,7 +68,28 @@ class Estimate:
 
     @property
     def mfu(self) -> float:
+        """Model FLOPs utilisation against the dense 16-bit peak (bf16, or fp16 on GPUs without
+        bf16), also for fp8 runs: the convention of published MFU figures (mfu_basis says so)."""
         return self.model_flops_per_step / (self.step_time_s * self.peak_flops_total)
+
+    @property
+    def mfu_basis(self) -> str:
+        dts = {C.mfu_peak_dtype(g.gpu) for g in self.cluster.node_groups if g.name in
+               {x for gs in self.stage_groups for x in gs.split("+")}}
+        return "/".join(sorted(dts)) + " dense peak"
+
+    @property
+    def mfu_label(self) -> str:
+        """'MFU 41.2% of bf16 dense peak' (+ the fraction of the fp8 peak for fp8 runs)."""
+        text = f"MFU {self.mfu * 100:.1f}% of {self.mfu_basis}"
+        if self.strategy.precision == "fp8":
+            text += f" ({self.mfu_gemm_peak * 100:.1f}% of the fp8 peak)"
+        return text
+
+    @property
+    def mfu_gemm_peak(self) -> float:
+        """Model FLOPs utilisation against the peak of the GEMM dtype actually used (fp8 for fp8)."""
+        return self.model_flops_per_step / (self.step_time_s * self.gemm_peak_flops_total)
 
     @property
     def model_tflops_per_gpu(self) -> float:
@@ -240,16 +262,16 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, s: Strategy) -> Estimate:
     breakdown = _breakdown(times, m, step)
     mf = C.model_flops_per_step(model, s)
     hf = C.hardware_flops_per_step(model, s, mf, recomputed)
-    peak_total = 0.0
-    for groups in stage_groups:
-        gp = min(g.gpu.peak(C.gemm_dtype(s, g.gpu)) for g in groups)
-        peak_total += gp * s.gpus_per_stage
-    # MFU is quoted against the bf16/fp16 dense peak even for fp8 runs (the common convention)
-    if s.precision == "fp8":
-        peak_total = sum(min(g.gpu.peak("bf16") for g in groups) * s.gpus_per_stage for groups in stage_groups)
+    # MFU is quoted against the dense 16-bit peak even for fp8 runs (the convention of
+    # published figures, e.g. Megatron-Bridge's performance tables); the GEMM-dtype peak too
+    peak_total = sum(min(g.gpu.peak(C.mfu_peak_dtype(g.gpu)) for g in groups) * s.gpus_per_stage
+                     for groups in stage_groups)
+    gemm_peak = sum(min(g.gpu.peak(C.gemm_dtype(s, g.gpu)) for g in groups) * s.gpus_per_stage
+                    for groups in stage_groups)
     return Estimate(model=model, cluster=cluster, strategy=s, memory=tuple(memory), stage_times=tuple(times),
                     communication=tuple(ledger), step_time_s=step, breakdown=breakdown,
                     model_flops_per_step=mf, hardware_flops_per_step=hf, peak_flops_total=peak_total,
+                    gemm_peak_flops_total=gemm_peak,
                     stage_groups=tuple("+".join(g.name for g in gs) for gs in stage_groups))
 
 

@@ -108,3 +108,19 @@ def test_ledger_exposed_matches_breakdown():
         for axis, v in charged.items():
             assert abs(ledger.get(axis, 0.0) - v) <= 1e-9 * e.step_time_s, (mname, axis, ledger, charged)
         assert charged.get("dp", 0.0) > 0 or s.dp == 1
+
+
+def test_fp8_mfu_says_its_basis():
+    """fp8 plans used to print 97.5% 'MFU' with no label: MFU is against the bf16 dense peak, and
+    every output says so and gives achieved TFLOP/s per GPU."""
+    s = Strategy(tp=2, pp=1, dp=32, micro_batch_size=1, global_batch_size=256, seq_length=4096,
+                 recompute="selective", precision="fp8")
+    e = estimate(MODEL, CLUSTER, s)
+    assert "bf16 dense peak" in e.mfu_label and "fp8 peak" in e.mfu_label
+    assert e.mfu_gemm_peak == pytest.approx(e.mfu / 2, rel=1e-3)   # H100: fp8 peak ~ 2 x bf16
+    r = _cli("estimate", "--model", "llama3-8b", "--cluster", "dgx-h100-x8", "--tp", "2", "--precision", "fp8", "--json")
+    tp = json.loads(r.stdout)["throughput"]
+    assert tp["mfu_basis"] == "bf16 dense peak" and tp["model_tflops_per_gpu"] > 0
+    r = _cli("plan", "--model", "llama3-8b", "--cluster", "dgx-h100-x8", "--global-batch-size", "128",
+             "--seq-length", "4096", "--precision", "fp8", "--fix", "tp=2", "--fix", "pp=1", "--top", "1")
+    assert r.returncode == 0 and "MFU against the bf16 dense peak (fp8 plans too)" in r.stdout, r.stdout

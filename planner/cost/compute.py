@@ -96,6 +96,11 @@ def gemm_dtype(s: Strategy, gpu: GPUProfile) -> str:
     return "bf16"
 
 
+def mfu_peak_dtype(gpu: GPUProfile) -> str:
+    """The dense peak MFU is quoted against: bf16, or fp16 on GPUs without bf16 (V100)."""
+    return "bf16" if gpu.supports("bf16") else "fp16"
+
+
 def attention_head_dims(model: ModelSpec):
     if model.multi_latent_attention:
         return model.qk_head_dim + model.qk_pos_emb_head_dim, model.v_head_dim

@@ -183,6 +183,8 @@ def run_check(cluster_ref, megatron_args, plan_file, model_ref, world_size, as_j
     result["fits"] = e.fits
     result["step_time_s"] = e.step_time_s
     result["mfu"] = e.mfu
+    result["mfu_basis"] = e.mfu_basis
+    result["model_tflops_per_gpu"] = e.model_tflops_per_gpu
     for m in e.memory:
         result["stages"].append({"stage": m.stage, "node_group": m.node_group, "needed_bytes": m.total,
                                  "usable_bytes": m.capacity, "headroom_bytes": m.headroom, "fits": m.fits})
@@ -203,5 +205,5 @@ def run_check(cluster_ref, megatron_args, plan_file, model_ref, world_size, as_j
     if not as_json:
         heads = ", ".join(f"stage {m.stage}: {m.headroom / GIB:.1f} GiB" for m in e.memory)
         console.print(f"OK {src}: valid and fits; headroom per stage: {heads}; "
-                      f"step {e.step_time_s:.3f} s, MFU {e.mfu * 100:.1f}%")
+                      f"step {e.step_time_s:.3f} s, {e.model_tflops_per_gpu:.0f} model TFLOP/s/GPU, {e.mfu_label}")
     return 0

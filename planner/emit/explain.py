@@ -149,7 +149,8 @@ def render_compare(a: Estimate, b: Estimate, console, title: str) -> None:
     for k in dict.fromkeys(list(ta) + list(tb)):
         rows.append((f"  {k} s", f"{ta.get(k, 0.0):.3f}", f"{tb.get(k, 0.0):.3f}"))
     rows.append(("tokens/s", f"{a.tokens_per_s:,.0f}", f"{b.tokens_per_s:,.0f}"))
-    rows.append(("MFU", f"{a.mfu * 100:.1f}%", f"{b.mfu * 100:.1f}%"))
+    rows.append((f"MFU ({a.mfu_basis})", f"{a.mfu * 100:.1f}%", f"{b.mfu * 100:.1f}%"))
+    rows.append(("model TFLOP/s/GPU", f"{a.model_tflops_per_gpu:.0f}", f"{b.model_tflops_per_gpu:.0f}"))
     for r in rows:
         t.add_row(*r)
     console.print(t)

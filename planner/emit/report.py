@@ -70,7 +70,8 @@ def estimate_to_dict(e: Estimate) -> dict:
         "communication": [c.as_dict() for c in e.communication],
         "time": {"step_s": e.step_time_s, "breakdown": e.breakdown},
         "throughput": {"tokens_per_s": e.tokens_per_s, "model_tflops_per_gpu": e.model_tflops_per_gpu,
-                       "hardware_tflops_per_gpu": e.hardware_tflops_per_gpu, "mfu": e.mfu},
+                       "hardware_tflops_per_gpu": e.hardware_tflops_per_gpu, "mfu": e.mfu,
+                       "mfu_basis": e.mfu_basis, "mfu_of_gemm_dtype_peak": e.mfu_gemm_peak},
     }
 
 
@@ -127,4 +128,4 @@ def render_estimate(e: Estimate, console) -> None:
     t2.add_row("optimizer", f"{b['optimizer']:.3f}")
     console.print(t2)
     console.print(f"tokens/s {e.tokens_per_s:,.0f}   model TFLOP/s/GPU {e.model_tflops_per_gpu:.1f}   "
-                  f"hardware TFLOP/s/GPU {e.hardware_tflops_per_gpu:.1f}   MFU {e.mfu * 100:.1f}%")
+                  f"hardware TFLOP/s/GPU {e.hardware_tflops_per_gpu:.1f}   {e.mfu_label}")
