@@ -46,6 +46,9 @@ class Placement:
     modes: tuple[tuple[tuple[str, str], tuple[tuple[str, Mode], ...]], ...]
     sizes: tuple[tuple[str, int], ...]
     hsdp_shard_size: int | None = None   # HSDP: shard over this many ranks, replicate beyond
+    # share of an offloaded state kept in host memory (Megatron --optimizer-offload-fraction);
+    # the rest stays on the GPU, sharded like the distributed optimizer's state
+    offload_fraction: float = 1.0
 
     @cached_property
     def _mode_map(self) -> dict:
@@ -91,20 +94,29 @@ class Placement:
         """Parameters' worth of `state` one rank holds in GPU memory, from a StageParams-like."""
         return sum(getattr(params, g) * self.shard_factor(state, g) for g in GROUPS)
 
-    def _compute_shard_factor(self, state: str, group: str) -> float:
-        f = 1.0
+    def host_factor(self, state: str, group: str) -> float:
+        """Fraction of a stage's bytes of a state that one rank keeps in host memory."""
+        f, offloaded = self._sharded_factor(state, group)
+        return f * self.offload_fraction if offloaded else 0.0
+
+    def _sharded_factor(self, state: str, group: str) -> tuple[float, bool]:
+        """(fraction one rank holds if offloaded axes count as sharded, any axis offloaded?)"""
+        f, offloaded = 1.0, False
         for axis in AXES:
             if axis == "pp":
                 continue
             m = self.mode(state, group, axis)
             n = self.size(axis)
-            if m in (Mode.SHARDED, Mode.SHARDED_GATHER):
+            if m in (Mode.SHARDED, Mode.SHARDED_GATHER, Mode.OFFLOADED):
                 if axis in ("dp", "edp") and self.hsdp_shard_size:
                     n = min(n, self.hsdp_shard_size)
                 f /= n
-            elif m is Mode.OFFLOADED:
-                return 0.0
-        return f
+                offloaded = offloaded or m is Mode.OFFLOADED
+        return f, offloaded
+
+    def _compute_shard_factor(self, state: str, group: str) -> float:
+        f, offloaded = self._sharded_factor(state, group)
+        return f * (1.0 - self.offload_fraction) if offloaded else f
 
     def table(self) -> list[dict]:
         """The table as rows for display/JSON."""
@@ -120,11 +132,12 @@ def placement_of(s: Strategy) -> Placement:
     (dp, cp, edp) replicate or shard them according to the ZeRO stage."""
     return _placement(s.zero_stage, s.offload_optimizer, s.sp, s.recompute,
                       (("dp", s.dp), ("cp", s.cp), ("tp", s.tp), ("pp", s.pp), ("ep", s.ep),
-                       ("etp", s.expert_tp), ("edp", s.expert_dp)))
+                       ("etp", s.expert_tp), ("edp", s.expert_dp)), s.optimizer_offload_fraction)
 
 
 @lru_cache(maxsize=4096)   # the search builds the same few tables many times
-def _placement(z: int, offload_optimizer: bool, sp: bool, recompute: str, sizes: tuple) -> Placement:
+def _placement(z: int, offload_optimizer: bool, sp: bool, recompute: str, sizes: tuple,
+               offload_fraction: float = 1.0) -> Placement:
     R, S, G, M, O = Mode.REPLICATED, Mode.SHARDED, Mode.SHARDED_GATHER, Mode.MATERIALIZED, Mode.OFFLOADED
     # Megatron's DDP and distributed optimizer use the data-parallel group *with* context
     # parallel ranks (parallel_state: get_data_parallel_group(with_context_parallel=True)); the
@@ -154,7 +167,7 @@ def _placement(z: int, offload_optimizer: bool, sp: bool, recompute: str, sizes:
     elif recompute == "selective":
         act["core_attention"] = M
     modes[("activations", "all")] = tuple(act.items())
-    return Placement(modes=tuple(modes.items()), sizes=sizes)
+    return Placement(modes=tuple(modes.items()), sizes=sizes, offload_fraction=offload_fraction)
 
 
 _ORDER = {Mode.REPLICATED: 0, Mode.SHARDED: 1, Mode.SHARDED_GATHER: 1, Mode.OFFLOADED: 1}

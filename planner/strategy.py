@@ -63,6 +63,9 @@ class Strategy:
     moe_token_dispatcher_type: str = "alltoall"   # allgather | alltoall | flex
     moe_grouped_gemm: bool = True
     moe_pad_expert_input_to_capacity: bool = False
+    use_precision_aware_optimizer: bool = False
+    moe_router_dtype: str = "bf16"          # --moe-router-dtype (fp32 | fp64 | unset = params dtype)
+    moe_permute_fusion: bool = False        # --moe-permute-fusion (TE fused permute: a larger map)
     overlap_moe_expert_parallel_comm: bool = False
     moe_shared_expert_overlap: bool = False
     delay_wgrad_compute: bool = False
@@ -115,6 +118,13 @@ class Strategy:
             return self.layers_per_stage
         base, extra = divmod(model.num_layers, self.pp)
         return tuple(base + (1 if i < extra else 0) for i in range(self.pp))
+
+    def stage_chunk_layers(self, model: ModelSpec, stage: int) -> tuple[int, ...] | None:
+        """Decoder layers of each virtual chunk of pipeline rank `stage` (chunk c is layout
+        segment c * pp + stage), or None when the rank's chunks are even."""
+        if self.chunk_layers is None:
+            return None
+        return tuple(self.chunk_layers[c * self.pp + stage] for c in range(self.vpp))
 
     def stage_layer_ranges(self, model: ModelSpec) -> tuple[tuple[int, int], ...]:
         """[start, end) layer indices per pipeline rank (all its virtual chunks together)."""

@@ -25,10 +25,6 @@ BYTES_16BIT = 2
 # Flash-attention backward does 5 matmuls to the forward's 2 (it recomputes P): 2.5x forward FLOPs
 # (Dao 2023, FlashAttention-2, sec. 3.1). Unfused attention backward is 2x forward, like GEMMs.
 FLASH_BACKWARD_FACTOR = 2.5
-# Adam step traffic per parameter held by this rank's optimizer shard, in bytes: read fp32 grad,
-# master weight, m, v (16); write master, m, v (12) and the bf16 weight (2); read the grad again
-# for the global-norm clip (4). Megatron's fused multi-tensor Adam streams exactly these.
-ADAM_BYTES_PER_PARAM = 34
 
 
 @dataclass(frozen=True)
@@ -228,28 +224,45 @@ def embedding_time(model: ModelSpec, s: Strategy, gpu: GPUProfile) -> tuple[floa
     return f, 2 * f
 
 
-def optimizer_time(params_local: float, gpu: GPUProfile) -> float:
+def adam_step_bytes_per_param(s: Strategy) -> float:
+    """Bytes Megatron's fused multi-tensor Adam streams per parameter of the rank's shard: read
+    the main gradient twice (global-norm clip, then the step), read and write the master weight
+    and both moments, write the model weight (2 x G + 2 x (M + m + v) + P; 34 with the default
+    fp32 states and bf16 weights)."""
+    from .memory import bytes_per_param
+    b = bytes_per_param(s)
+    return 2 * b["gradients"] + 2 * b["optimizer"] + b["parameters"]
+
+
+def optimizer_time(params_local: float, gpu: GPUProfile, bytes_per_param: float = 34.0) -> float:
     """Seconds of the Adam step over `params_local` parameters (memory-bound)."""
-    return stream_time(gpu, ADAM_BYTES_PER_PARAM * params_local, kernels=4)
+    return stream_time(gpu, bytes_per_param * params_local, kernels=4)
 
 
 # Host-side Adam for an offloaded optimizer streams the same bytes per parameter through host
 # DRAM; a dual-socket server sustains ~200 GB/s (e.g. 2 x 8-channel DDR5-4800 = 614 GB/s peak,
 # STREAM ~ 1/3 of that), shared by the node's GPUs. Planner assumption.
 HOST_ADAM_BANDWIDTH_BYTES_PER_S = 200e9
+# The offloaded share's gradients go down and its updated parameters come back in fp32
+# (Megatron's HybridDeviceOptimizer keeps pinned fp32 copies, param_update_in_fp32).
+OFFLOAD_TRANSFER_BYTES_PER_PARAM = 4 + 4
 
 
 def optimizer_step_time(s: Strategy, placement, stage_params, per_rank: dict, group) -> float:
-    """Seconds of the optimizer step of one rank: Adam over its optimizer shard on the GPU, or
-    with an offloaded optimizer, gradients down and parameters up over PCIe plus Adam in host
-    memory (the node's GPUs share the host's bandwidth)."""
-    from .memory import BYTES_PER_PARAM
-    bpp = BYTES_PER_PARAM[s.optimizer_convention]
-    if s.offload_optimizer:
-        local = sum(per_rank.values()) / (s.dp * s.cp)
-        return (local * (bpp["gradients"] + bpp["parameters"]) / group.gpu.pcie_bandwidth_bytes_per_s
-                + ADAM_BYTES_PER_PARAM * local * group.gpus_per_node / HOST_ADAM_BANDWIDTH_BYTES_PER_S)
-    return optimizer_time(placement.state_params("optimizer", stage_params), group.gpu)
+    """Seconds of the optimizer step of one rank: Adam over its optimizer shard on the GPU; with
+    --optimizer-cpu-offload the offloaded share (--optimizer-offload-fraction) crosses PCIe both
+    ways and runs Adam in host memory (the node's GPUs share the host's bandwidth), the rest
+    steps on the GPU at the same time."""
+    step_bytes = adam_step_bytes_per_param(s)
+    shard = sum(getattr(stage_params, g) * placement.shard_factor("optimizer", g)
+                for g in ("dense", "norms", "experts"))
+    gpu_s = optimizer_time(shard, group.gpu, step_bytes)
+    if not s.offload_optimizer:
+        return gpu_s
+    host = sum(getattr(stage_params, g) * placement.host_factor("optimizer", g) for g in ("dense", "norms", "experts"))
+    host_s = (host * OFFLOAD_TRANSFER_BYTES_PER_PARAM / group.gpu.pcie_bandwidth_bytes_per_s
+              + step_bytes * host * group.gpus_per_node / HOST_ADAM_BANDWIDTH_BYTES_PER_S)
+    return max(gpu_s, host_s)
 
 
 def hardware_flops_per_step(model: ModelSpec, s: Strategy, model_flops: float, recomputed_layers: int) -> float:

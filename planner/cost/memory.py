@@ -2,29 +2,32 @@
 
 bytes(state, group) = full_bytes(state, group on this stage) x placement.shard_factor(state, group)
 
-Bytes per parameter (dtype conventions):
-- megatron: bf16/fp16 weights 2, fp32 main gradients 4, fp32 master weights + Adam moments 12
-  = 18 per parameter, 6 + 12/DP with the distributed optimizer
-  (megatron/training/theoretical_memory_usage.py, docs/user-guide/features/dist_optimizer.md).
-- deepspeed: 2 + 2 + 12 = 16 (Rajbhandari et al. 2019, ZeRO, sec. 3.1).
-fp8 training (Transformer Engine) keeps bf16 weights and fp32 main grads; the fp8 copies are
-transient per layer, so the convention is unchanged.
+Bytes per parameter come from the launch's dtypes (bytes_per_param): 16-bit weights 2, fp32
+main gradients 4 (Megatron's default with --bf16: gradients accumulate and reduce in fp32 unless
+--grad-reduce-in-bf16), fp32 master weights + Adam moments 12, i.e. 18 per parameter, 6 + 12/d
+with the distributed optimizer over d = DP x CP ranks (docs/user-guide/features/
+dist_optimizer.md). DeepSpeed's convention is 2 + 2 + 12 (Rajbhandari et al. 2019, sec. 3.1).
+
+Beyond the tensors the model allocates, a GPU loses memory to things no formula of the model
+sees: the CUDA context and its loaded kernels, NCCL's buffers for each communicator, cuBLAS and
+Transformer Engine workspaces, and the caching allocator's fragmentation. Each is a profile field
+or a named constant below with its source; `StageMemory.capacity` is what is left of the device's
+reported memory for the model's tensors.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
-from ..placement import Mode, Placement
+from ..placement import Placement
 from ..specs.hardware import GPUProfile
 from ..specs.model import ModelSpec
 from ..strategy import Strategy
 from . import activations as act
 
-BYTES_PER_PARAM = {
-    "megatron": {"parameters": 2, "gradients": 4, "optimizer": 12},
-    "deepspeed": {"parameters": 2, "gradients": 2, "optimizer": 12},
-}
+MIB = 2**20
+DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8": 1}
 # Megatron DDP bucket size: max(40M, 1M x DP) parameters (megatron/core/distributed/
 # distributed_data_parallel.py); a bucket in flight is kept in fp32 for sharded gradients.
 DDP_BUCKET_MIN_PARAMS = 40_000_000
@@ -32,6 +35,72 @@ DDP_BUCKET_PARAMS_PER_DP_RANK = 1_000_000
 STATES_AT_REST = ("parameters", "gradients", "optimizer")   # the states counted per parameter
 # ZeRO-3 / FSDP keep the current and the prefetched layer gathered (2 layers of full weights).
 ZERO3_GATHERED_LAYERS = 2
+# cuBLAS workspaces: PyTorch allocates 32 MiB per (handle, stream) on sm90+ (aten/src/ATen/cuda/
+# CublasHandlePool.cpp), Transformer Engine 32 MiB + 1 KiB per compute stream on sm90+ (4 MiB
+# before), x3 streams for --tp-comm-overlap userbuffers and x4 for grouped GEMMs
+# (transformer_engine/pytorch/cpp_extensions/gemm.py).
+CUBLAS_WORKSPACE_BYTES = {True: 32 * MIB, False: 4 * MIB}   # keyed by compute capability >= 9
+TE_GEMM_STREAMS_TP_OVERLAP = 3
+TE_GEMM_STREAMS_GROUPED = 4
+# TE userbuffers for --tp-comm-overlap: one registered [s*b/cp, h] buffer per GEMM site, about 10
+# sites (qkv/proj/fc1/fc2 x fprop/dgrad/wgrad; megatron/training/initialize.py, TE base.py).
+TP_OVERLAP_BUFFER_SITES = 10
+# DeepEP (flex dispatcher) keeps persistent NVLink and RDMA buffers sized from its hints
+# (deepseek-ai/DeepEP csrc/config.hpp): hundreds of MiB; a planner estimate, to be measured.
+DEEPEP_BUFFER_BYTES = 1024 * MIB
+
+
+def bytes_per_param(s: Strategy) -> dict:
+    """GPU bytes per parameter of each training state before sharding, from the launch's dtypes
+    (megatron/core/optimizer/optimizer_config.py, param_and_grad_buffer.py; TE FusedAdam):
+    - parameters: 2 (bf16/fp16), 1 with fp8 primary weights (--fp8-param-gather);
+    - gradients: the grad buffer, fp32 (4) unless --grad-reduce-in-bf16 or main_grads_dtype bf16;
+    - optimizer: master weights + exp_avg + exp_avg_sq. Default fp32 (4 + 4 + 4). With
+      --use-precision-aware-optimizer each takes its dtype, and when TE's FusedAdam holds the
+      master weights of bf16 parameters (main_params_dtype not fp32, or no fp8 / delayed fp8, or
+      CPU offload) it stores only the fp32 master's low 16 bits beside the bf16 weight (2 bytes,
+      store_param_remainders)."""
+    if s.optimizer_convention == "deepspeed":
+        return {"parameters": 2, "gradients": 2, "optimizer": 12}
+    params = 1 if (s.precision == "fp8" and s.fp8_param_gather) else 2
+    grads = 2 if (s.grad_reduce_in_bf16 or s.main_grads_dtype == "bf16") else 4
+    if s.use_precision_aware_optimizer:
+        master = DTYPE_BYTES[s.main_params_dtype]
+        te_holds_master = (s.main_params_dtype != "fp32" or s.precision != "fp8" or s.fp8_recipe == "delayed"
+                           or s.offload_optimizer)
+        if te_holds_master and s.precision != "fp16" and params == 2:
+            master = 2
+        opt = master + DTYPE_BYTES[s.exp_avg_dtype] + DTYPE_BYTES[s.exp_avg_sq_dtype]
+    else:
+        opt = 12
+    return {"parameters": params, "gradients": grads, "optimizer": opt}
+
+
+def gradient_comm_bytes(s: Strategy) -> int:
+    """Bytes per parameter the data-parallel gradient reduction moves: the grad buffer's dtype."""
+    return bytes_per_param(s)["gradients"]
+
+
+def param_gather_bytes(s: Strategy) -> int:
+    """Bytes per parameter the distributed optimizer's parameter all-gather moves: the model
+    weights' dtype (fp8 primary weights with --fp8-param-gather)."""
+    return bytes_per_param(s)["parameters"]
+
+
+def fp8_weight_cache_bytes(s: Strategy, gpu: GPUProfile) -> float:
+    """Bytes per TE-linear parameter of the quantized weight copies Transformer Engine caches
+    across micro-batches under fp8 (transformer_engine/pytorch/module/linear.py, weight workspace;
+    float8_tensor_storage.py): on Hopper per-tensor fp8 a row-wise copy and its transpose (2),
+    MXFP8 both with scales (2 x (1 + 1/32)), Blackwell per-tensor one copy (1). With fp8 primary
+    weights (--fp8-param-gather) the weight is already fp8 and only Hopper's transpose remains."""
+    if s.precision != "fp8" or not gpu.supports("fp8"):
+        return 0.0
+    hopper = gpu.compute_capability < 10.0
+    if s.fp8_param_gather:
+        return 1.0 if hopper else 0.0
+    if s.fp8_recipe == "mxfp8":
+        return 2.0 * (1.0 + act.FP8_SCALE_BYTES_PER_ELEMENT["mxfp8"])
+    return 2.0 if hopper else 1.0
 
 
 @dataclass(frozen=True)
@@ -63,9 +132,22 @@ def one_layer_params(model: ModelSpec, moe: bool) -> StageParams:
                        experts=0.0)
 
 
+def mtp_params(model: ModelSpec) -> StageParams:
+    """Multi-token-prediction modules (--mtp-num-layers, on the last stage): each is a decoder
+    layer of the model's last layer kind, two input norms and a 2h -> h projection; the output
+    layer is shared with the main model (Megatron multi_token_prediction.py; DeepSeek-V3 sec. 2.2)."""
+    if not model.mtp_num_layers:
+        return StageParams(0.0, 0.0, 0.0)
+    layer = one_layer_params(model, model.is_moe_layer(model.num_layers - 1))
+    k, h = model.mtp_num_layers, model.hidden_size
+    return StageParams(dense=k * (layer.dense + 2 * h * h), norms=k * (layer.norms + 3 * model.norm_params),
+                       experts=k * layer.experts)
+
+
 def layer_range_params(model: ModelSpec, s: Strategy, start: int, end: int, first: bool, last: bool) -> StageParams:
-    """Parameters of layers [start, end), plus the embedding if `first` and the final norm and
-    output layer if `last`. With first = last = True over all layers: the sum over all stages."""
+    """Parameters of layers [start, end), plus the embedding if `first` and the final norm,
+    output layer and MTP modules if `last`. With first = last = True over all layers: the sum
+    over all stages."""
     n_moe = model.num_moe_layers_in(start, end)
     n_dense = end - start - n_moe
     d = one_layer_params(model, False)
@@ -81,22 +163,84 @@ def layer_range_params(model: ModelSpec, s: Strategy, start: int, end: int, firs
         norms += model.norm_params
         if model.untie_embeddings_and_output_weights or s.pp > 1:
             dense += emb   # untied output layer, or the tied copy Megatron keeps on the last stage
+        mtp = mtp_params(model)
+        dense, norms, experts = dense + mtp.dense, norms + mtp.norms, experts + mtp.experts
     return StageParams(dense=dense, norms=norms, experts=experts)
+
+
+def layer_linear_params(model: ModelSpec, placement: Placement, moe: bool) -> float:
+    """Parameters of one layer's Transformer Engine linears (attention, MLP or experts and shared
+    expert; not norms or the router) that one rank computes with."""
+    tp_f = placement.model_shard_factor("dense")
+    if not moe:
+        return (model.attention_params + model.dense_mlp_params) * tp_f
+    return ((model.attention_params + model.shared_expert_params) * tp_f
+            + model.num_experts * model.expert_params * placement.model_shard_factor("experts"))
+
+
+def linear_params_per_rank(model: ModelSpec, placement: Placement, start: int, end: int, last: bool) -> float:
+    """TE-linear parameters one rank computes with in layers [start, end) (+ MTP if last)."""
+    n_moe = model.num_moe_layers_in(start, end)
+    out = (end - start - n_moe) * layer_linear_params(model, placement, False)
+    if n_moe:
+        out += n_moe * layer_linear_params(model, placement, True)
+    if last and model.mtp_num_layers:
+        out += model.mtp_num_layers * layer_linear_params(model, placement, model.is_moe_layer(model.num_layers - 1))
+    return out
+
+
+def warmup_microbatches(s: Strategy, stage: int) -> int:
+    """Forward passes pipeline rank `stage` runs before its first backward (Megatron
+    get_pp_rank_microbatches, megatron/core/pipeline_parallel/schedules.py): p - r - 1 for 1F1B,
+    2 (p - r - 1) + (v - 1) N for interleaved 1F1B with N = microbatch_group_size_per_vp_stage
+    (default p), +1 with --overlap-moe-expert-parallel-comm; at most v m."""
+    p, m, v = s.pp, s.num_microbatches, s.vpp
+    if v > 1:
+        w = 2 * (p - stage - 1) + (v - 1) * p
+    else:
+        w = p - stage - 1
+    if s.overlap_moe_expert_parallel_comm:
+        w += 1
+    return min(w, v * m)
 
 
 def in_flight_microbatches(s: Strategy, stage: int) -> float:
     """Micro-batches of activations a pipeline rank holds at its peak, in units of the rank's
-    whole layer set (all virtual chunks).
-    1F1B / ZB-H1: min(p - i, m) (Narayanan et al. 2021; ZB-H1 keeps 1F1B's memory, Qi et al. 2023).
-    Interleaved: Megatron warms up (p - i - 1) * 2 + (v - 1) * p chunks, then one more is in
-    flight (megatron/core/pipeline_parallel/schedules.py); a chunk is 1/v of the rank's layers."""
-    p, m, v = s.pp, s.num_microbatches, s.vpp
-    if p == 1:
-        return 1.0
-    if v > 1:
-        chunks = min((p - stage - 1) * 2 + (v - 1) * p + 1, m * v)
-        return chunks / v
-    return float(min(p - stage, m))
+    whole layer set (all virtual chunks): a forward runs before each steady-state backward, so
+    min(warm-up + 1, v m) virtual micro-batches, a chunk being 1/v of the rank's layers. With
+    one stage: 1 micro-batch, 2 when --overlap-moe-expert-parallel-comm co-schedules the forward
+    of the next with the backward of the current (combined_1f1b.py)."""
+    if s.pp == 1:
+        return 2.0 if (s.overlap_moe_expert_parallel_comm and s.num_microbatches > 1) else 1.0
+    return min(warmup_microbatches(s, stage) + 1, s.vpp * s.num_microbatches) / s.vpp
+
+
+@lru_cache(maxsize=4096)
+def _peak_live_chunks(p: int, v: int, m: int, stage: int, warmup: int, chunk_bytes: tuple) -> float:
+    """Peak bytes of stored activations on one rank under interleaved 1F1B when its chunks differ
+    in size: Megatron's order (get_schedule_table: groups of p micro-batches, chunks 0..v-1 in
+    each group; backward in the same order with the chunk reversed), `warmup` forwards, then one
+    forward before each backward. The peak by bytes can fall elsewhere than the peak by count."""
+    group = p
+    fwd = []
+    for g0 in range(0, m, group):
+        size = min(group, m - g0)
+        for c in range(v):
+            fwd.extend([c] * size)
+    bwd = [v - 1 - c for c in fwd]
+    live = [0] * v
+    f = 0
+    for _ in range(warmup):
+        live[fwd[f]] += 1
+        f += 1
+    peak = 0.0
+    for b in range(len(fwd)):
+        if f < len(fwd):
+            live[fwd[f]] += 1
+            f += 1
+        peak = max(peak, sum(n * x for n, x in zip(live, chunk_bytes)))
+        live[bwd[b]] -= 1
+    return peak
 
 
 @dataclass(frozen=True)
@@ -104,18 +248,28 @@ class StageMemory:
     stage: int
     layers: int
     node_group: str
-    parameters: float     # bytes
+    parameters: float     # bytes (incl. fp8 weight copies)
     gradients: float
     optimizer: float
     activations: float
-    buffers: float
-    capacity: float       # usable bytes on this stage's GPU
+    buffers: float        # transient: rebuilt layer, output layer and loss, ZeRO gathers, buckets
+    capacity: float       # bytes left for the model's tensors on this stage's GPU
     host_bytes: float     # bytes offloaded to host memory per GPU
     in_flight: float
+    device_bytes: float = 0.0      # the device's memory as it reports it (nvidia-smi)
+    overhead_bytes: float = 0.0    # CUDA context + NCCL buffers + cuBLAS/TE workspaces
+    fragmentation_fraction: float = 0.0   # caching allocator: reserved beyond allocated / allocated
 
     @property
     def total(self) -> float:
+        """Bytes of tensors allocated at the peak (what torch.cuda.max_memory_allocated reports)."""
         return self.parameters + self.gradients + self.optimizer + self.activations + self.buffers
+
+    @property
+    def device_total(self) -> float:
+        """What the device would show in use: the tensors, the allocator's fragmentation on top,
+        and the fixed overheads (about nvidia-smi's figure)."""
+        return self.total * (1.0 + self.fragmentation_fraction) + self.overhead_bytes
 
     @property
     def headroom(self) -> float:
@@ -138,61 +292,130 @@ def fully_recomputed_layers(s: Strategy, start: int, end: int):
     return {start + c * per_chunk + j for c in range(s.vpp) for j in range(min(s.recompute_num_layers, per_chunk))}
 
 
+def _layer_mode(s: Strategy, full_set, i: int) -> str:
+    if i in full_set:
+        return "full"
+    return "selective" if s.recompute == "selective" else "none"
+
+
 def stage_activation_bytes(model: ModelSpec, s: Strategy, stage: int) -> tuple[float, float]:
     """(kept activations, transient working set) in bytes for pipeline rank `stage`."""
     start, end = s.stage_layer_ranges(model)[stage]
     full_set = fully_recomputed_layers(s, start, end)
     other = "selective" if s.recompute == "selective" else "none"
-    # count layers by (MoE?, mode): layers of one kind are identical
-    n_moe = model.num_moe_layers_in(start, end)
-    n_moe_full = (n_moe if isinstance(full_set, range)
-                  else sum(1 for i in full_set if model.is_moe_layer(i)))
-    counts = {(False, "full"): len(full_set) - n_moe_full, (True, "full"): n_moe_full,
-              (False, other): (end - start - n_moe) - (len(full_set) - n_moe_full),
-              (True, other): n_moe - n_moe_full}
-    per_mb = 0.0
     worst_layer = 0.0
-    for (moe, mode), n in counts.items():
-        if n <= 0:
-            continue
-        per_mb += n * act.layer_bytes(model, s, moe, mode)
-        if mode == "full":
-            worst_layer = max(worst_layer, act.layer_bytes(model, s, moe, "none"))
-    if stage == 0:
-        per_mb += act.embedding_bytes(model, s)
-    kept = per_mb * in_flight_microbatches(s, stage)
+    if full_set:
+        worst_layer = max(act.layer_bytes(model, s, moe, "none") for moe in model.layer_kinds)
+    offloaded = min(s.cpu_offloading_num_layers, end - start)
+    chunks = s.stage_chunk_layers(model, stage)
+    if chunks is not None and len(set(chunks)) > 1:
+        # uneven virtual chunks: bytes per chunk, the schedule's live counts at its byte peak
+        per_chunk, k = [], start
+        for c, n in enumerate(chunks):
+            b = sum(act.layer_bytes(model, s, model.is_moe_layer(i), _layer_mode(s, full_set, i))
+                    for i in range(k, k + n))
+            if stage == 0 and c == 0:
+                b += act.embedding_bytes(model, s)
+            per_chunk.append(b)
+            k += n
+        kept = _peak_live_chunks(s.pp, s.vpp, s.num_microbatches, stage, warmup_microbatches(s, stage),
+                                 tuple(per_chunk))
+    else:
+        # layers of one kind and mode are identical: count them
+        n_moe = model.num_moe_layers_in(start, end)
+        n_moe_full = (n_moe if isinstance(full_set, range)
+                      else sum(1 for i in full_set if model.is_moe_layer(i)))
+        counts = {(False, "full"): len(full_set) - n_moe_full, (True, "full"): n_moe_full,
+                  (False, other): (end - start - n_moe) - (len(full_set) - n_moe_full),
+                  (True, other): n_moe - n_moe_full}
+        per_mb = sum(n * act.layer_bytes(model, s, moe, mode) for (moe, mode), n in counts.items() if n > 0)
+        if stage == 0:
+            per_mb += act.embedding_bytes(model, s)
+        kept = per_mb * in_flight_microbatches(s, stage)
+    if offloaded:
+        # --cpu-offloading: the kept activations of that many layers go to host memory, one
+        # layer's worth staying resident while it is copied (megatron/core/cpu_offload.py)
+        per_layer = kept / max(end - start, 1)
+        kept -= max(0, offloaded - 1) * per_layer
     transient = worst_layer  # one layer rebuilt at a time during backward
     if stage == s.pp - 1:
-        transient += act.output_layer_bytes(model, s)
+        transient += act.output_layer_bytes(model, s) * (1 + model.mtp_num_layers)
+        if model.mtp_num_layers:
+            # MTP layers' kept activations for the one micro-batch in flight at the last stage
+            moe = model.is_moe_layer(model.num_layers - 1)
+            kept += model.mtp_num_layers * (act.layer_bytes(model, s, moe, other) + act.mtp_input_bytes(model, s))
     return kept, transient
 
 
-def layer_memory_bytes(model: ModelSpec, s: Strategy, placement: Placement, stage: int, moe: bool) -> float:
+def layer_memory_bytes(model: ModelSpec, s: Strategy, placement: Placement, stage: int, moe: bool,
+                       gpu: GPUProfile | None = None) -> float:
     """Bytes one more decoder layer adds to pipeline rank `stage`: its parameters, gradients
-    and optimizer state after sharding, plus its kept activations for the rank's in-flight
-    micro-batches. Exact when every layer is recomputed alike; with recompute_num_layers it
-    counts every layer as fully recomputed (a lower bound)."""
-    bpp = BYTES_PER_PARAM[s.optimizer_convention]
+    and optimizer state after sharding (and fp8 weight copies on `gpu`), plus its kept
+    activations for the rank's in-flight micro-batches. Exact when every layer is recomputed
+    alike and chunks are even; with recompute_num_layers it counts every layer as fully
+    recomputed (a lower bound)."""
+    bpp = bytes_per_param(s)
     lp = one_layer_params(model, moe)
     states = sum(placement.state_params(state, lp) * bpp[state] for state in STATES_AT_REST)
+    if gpu is not None:
+        states += fp8_weight_cache_bytes(s, gpu) * layer_linear_params(model, placement, moe)
     mode = s.recompute if s.recompute in ("full", "selective") else "none"
     return states + act.layer_bytes(model, s, moe, mode) * in_flight_microbatches(s, stage)
 
 
+def nccl_communicators(model: ModelSpec, s: Strategy) -> int:
+    """NCCL communicators a rank of this strategy uses (each keeps its own buffers): TP, CP,
+    data-parallel with CP, the pipeline's p2p group, the tied-embedding group, and for MoE the
+    expert all-to-all, expert data-parallel and expert-TP groups (megatron/core/parallel_state.py
+    builds these; NCCL allocates a communicator's buffers on its first collective)."""
+    n = sum((s.tp > 1, s.cp > 1, s.dp * s.cp > 1, s.pp > 1,
+             s.pp > 1 and not model.untie_embeddings_and_output_weights))
+    if model.is_moe:
+        n += sum((s.ep > 1, s.expert_dp > 1 and s.expert_dp != s.dp * s.cp, s.expert_tp > 1 and s.expert_tp != s.tp))
+    return n
+
+
+def fixed_overhead_bytes(model: ModelSpec, s: Strategy, gpu: GPUProfile) -> float:
+    """Device memory outside the model's tensors: the CUDA context with its loaded kernels
+    (profile `cuda_context`), NCCL's buffers per communicator (profile
+    `nccl_memory_per_communicator`), the cuBLAS / Transformer Engine GEMM workspaces, TE's
+    userbuffers for --tp-comm-overlap and DeepEP's buffers for the flex dispatcher."""
+    ws = CUBLAS_WORKSPACE_BYTES[gpu.compute_capability >= 9.0]
+    streams = 2   # PyTorch's and TE's compute streams
+    if s.tp_comm_overlap:
+        streams += TE_GEMM_STREAMS_TP_OVERLAP
+    if model.is_moe and s.moe_grouped_gemm:
+        streams += TE_GEMM_STREAMS_GROUPED
+    out = gpu.cuda_context_bytes + streams * ws + nccl_communicators(model, s) * gpu.nccl_bytes_per_communicator
+    if s.tp_comm_overlap and s.sp:
+        tokens = s.seq_length / s.cp * s.micro_batch_size
+        out += TP_OVERLAP_BUFFER_SITES * tokens * model.hidden_size * act.BYTES_16BIT
+    if model.is_moe and s.moe_token_dispatcher_type == "flex":
+        out += DEEPEP_BUFFER_BYTES
+    return out
+
+
+def allocatable_bytes(model: ModelSpec, s: Strategy, gpu: GPUProfile) -> float:
+    """Bytes the model's tensors may take on `gpu`: the device's reported memory less the fixed
+    overheads, less the caching allocator's fragmentation (reserved beyond allocated, a
+    fraction of what is allocated)."""
+    return (gpu.memory_bytes - fixed_overhead_bytes(model, s, gpu)) / (1.0 + gpu.fragmentation_fraction)
+
+
 def stage_fixed_bytes_lower_bound(model: ModelSpec, s: Strategy, placement: Placement, stage: int) -> float:
     """Bytes of pipeline rank `stage` that do not scale with its layer count, at least: the
-    embedding / final norm / output layer states and activations it holds, the one layer
-    rebuilt at a time under full recompute (the lighter layer kind), and the ZeRO-2/3 buffers
-    as small as any split makes them. For any split, stage_memory(...).total >= this +
-    sum over its layers of layer_memory_bytes(...); the search prunes with it."""
-    bpp = BYTES_PER_PARAM[s.optimizer_convention]
+    embedding / final norm / output layer (and MTP) states and activations it holds, the one
+    layer rebuilt at a time under full recompute (the lighter layer kind), and the ZeRO-2/3
+    buffers as small as any split makes them. For any split with even chunks, stage_memory(...)
+    .total >= this + sum over its layers of layer_memory_bytes(...); the search prunes with it."""
+    bpp = bytes_per_param(s)
     first, last = stage == 0, stage == s.pp - 1
     fp = layer_range_params(model, s, 0, 0, first, last)
     fixed = sum(placement.state_params(st, fp) * bpp[st] for st in STATES_AT_REST)
     if first:
         fixed += act.embedding_bytes(model, s) * in_flight_microbatches(s, stage)
     if last:
-        fixed += act.output_layer_bytes(model, s)
+        fixed += act.output_layer_bytes(model, s) * (1 + model.mtp_num_layers)
     if s.recompute == "full":
         fixed += min(act.layer_bytes(model, s, moe, "none") for moe in model.layer_kinds)
     if s.zero_stage >= 2:
@@ -206,18 +429,18 @@ def stage_fixed_bytes_lower_bound(model: ModelSpec, s: Strategy, placement: Plac
 
 def stage_memory(model: ModelSpec, s: Strategy, placement: Placement, stage: int, gpu: GPUProfile,
                  node_group: str = "") -> StageMemory:
-    bpp = BYTES_PER_PARAM[s.optimizer_convention]
+    bpp = bytes_per_param(s)
     sp = stage_params(model, s, stage)
+    start, end = s.stage_layer_ranges(model)[stage]
     states = {state: placement.state_params(state, sp) * bpp[state] for state in STATES_AT_REST}
+    states["parameters"] += fp8_weight_cache_bytes(s, gpu) * linear_params_per_rank(
+        model, placement, start, end, stage == s.pp - 1)
     host = 0.0
     for state in STATES_AT_REST:
         for group in ("dense", "norms", "experts"):
-            if placement.mode(state, group, "dp" if group != "experts" else "edp") is Mode.OFFLOADED:
-                n_data = placement.size("dp") * placement.size("cp") if group != "experts" else placement.size("edp")
-                host += getattr(sp, group) * bpp[state] / n_data
+            host += getattr(sp, group) * bpp[state] * placement.host_factor(state, group)
     kept, transient = stage_activation_bytes(model, s, stage)
     buffers = transient
-    start, end = s.stage_layer_ranges(model)[stage]
     if s.zero_stage >= 2:
         n_data = s.dp * s.cp
         bucket = max(DDP_BUCKET_MIN_PARAMS, DDP_BUCKET_PARAMS_PER_DP_RANK * n_data)
@@ -229,6 +452,7 @@ def stage_memory(model: ModelSpec, s: Strategy, placement: Placement, stage: int
     return StageMemory(
         stage=stage, layers=end - start, node_group=node_group,
         parameters=states["parameters"], gradients=states["gradients"], optimizer=states["optimizer"],
-        activations=kept, buffers=buffers, capacity=gpu.usable_memory_bytes, host_bytes=host,
-        in_flight=in_flight_microbatches(s, stage),
+        activations=kept, buffers=buffers, capacity=allocatable_bytes(model, s, gpu), host_bytes=host,
+        in_flight=in_flight_microbatches(s, stage), device_bytes=gpu.memory_bytes,
+        overhead_bytes=fixed_overhead_bytes(model, s, gpu), fragmentation_fraction=gpu.fragmentation_fraction,
     )

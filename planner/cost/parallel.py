@@ -18,7 +18,8 @@ from ..specs.model import ModelSpec
 from ..strategy import Strategy
 from .activations import BYTES_16BIT, expert_tokens_per_rank
 from .comm import collective_time, group_link, p2p_link
-from .memory import BYTES_PER_PARAM
+from .compute import FLASH_BACKWARD_FACTOR
+from .memory import gradient_comm_bytes, param_gather_bytes
 
 
 @dataclass(frozen=True)
@@ -141,9 +142,6 @@ def tp_cost(model: ModelSpec, s: Strategy, groups: list[NodeGroup], cluster: Clu
 
 # ---- CP ---------------------------------------------------------------------------------------
 
-# Flash-attention backward does 5 matmuls to the forward's 2 (it recomputes P): 2.5x forward FLOPs
-# (Dao 2023, FlashAttention-2, sec. 3.1); CP's backward ring exchange hides under it.
-FLASH_BACKWARD_FACTOR = 2.5
 
 
 def cp_cost(model: ModelSpec, s: Strategy, groups: list[NodeGroup], cluster: ClusterSpec, w: StageWork) -> AxisCost:
@@ -158,7 +156,7 @@ def cp_cost(model: ModelSpec, s: Strategy, groups: list[NodeGroup], cluster: Clu
     t_step = collective_time("send-recv", kv, 2, link)
     comm_f = (s.cp - 1) * t_step * w.layers
     comm_b = 2 * comm_f
-    core = w.core_attention_forward_s
+    core = w.core_attention_forward_s   # the backward ring hides under flash attention's longer backward
     exposed = max(0.0, comm_f - core) + max(0.0, comm_b - FLASH_BACKWARD_FACTOR * core)
     m = w.microbatches
     return AxisCost("cp", per_microbatch_s=exposed,
@@ -260,7 +258,6 @@ def dp_cost(model: ModelSpec, s: Strategy, placement: Placement, groups: list[No
     (gradient reduce, parameter gather) or per micro-batch (ZeRO-3 gathers and reduces). With
     overlap, per-step traffic hides under the last micro-batch's backward (gradients) and the
     first one's forward (parameters), except the last bucket (one layer's worth)."""
-    bpp = BYTES_PER_PARAM[s.optimizer_convention]
     m = w.microbatches
     n_layers = max(w.layers, 1)
     step = {"grad": 0.0, "param": 0.0}
@@ -274,7 +271,7 @@ def dp_cost(model: ModelSpec, s: Strategy, placement: Placement, groups: list[No
         if n <= 1 or per_rank[dc.group] <= 0:
             continue
         link = group_link(groups, n, stride, cluster)
-        el = bpp["gradients"] if dc.tensor == "gradients" else bpp["parameters"]
+        el = gradient_comm_bytes(s) if dc.tensor == "gradients" else param_gather_bytes(s)
         msg = per_rank[dc.group] * el
         t1 = collective_time(dc.kind, msg, n, link)
         if dc.when == "per-step":
@@ -322,10 +319,9 @@ def tied_embedding_cost(model: ModelSpec, s: Strategy, stage_groups: list[list[N
     gradient between the two once per step (Megatron's embedding group)."""
     if not (s.pp > 1 and not model.untie_embeddings_and_output_weights and i in (0, s.pp - 1)):
         return AxisCost("embedding")
-    bpp = BYTES_PER_PARAM[s.optimizer_convention]
     other = stage_groups[s.pp - 1 if i == 0 else 0][0]
     link = p2p_link(slow, other, False, cluster)
-    msg = model.embedding_params(s.tp) / s.tp * bpp["gradients"]
+    msg = model.embedding_params(s.tp) / s.tp * gradient_comm_bytes(s)
     t = collective_time("all-reduce", msg, 2, link)
     return AxisCost("embedding", after_step_s=t,
                     entries=(CommEntry("embedding", "all-reduce", msg, 2, 1, t, t, link.bound_by, i, "per-step"),))

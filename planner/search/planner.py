@@ -22,7 +22,8 @@ from ..strategy import Strategy, check_structure
 from ..cost import compute as C
 from ..cost.activations import BYTES_16BIT
 from ..cost.comm import collective_time, group_link, p2p_link
-from ..cost.memory import (BYTES_PER_PARAM, layer_memory_bytes, layer_range_params, one_layer_params,
+from ..cost.memory import (allocatable_bytes, gradient_comm_bytes, layer_memory_bytes, layer_range_params,
+                           one_layer_params, param_gather_bytes,
                            stage_fixed_bytes_lower_bound, stage_memory)
 from ..placement import data_collectives, placement_of
 from .partition import PartitionProblem, partition_dp, partition_ilp
@@ -232,10 +233,10 @@ def partition_problem(model: ModelSpec, cluster: ClusterSpec, s: Strategy, e: Es
         per_layer_comm = (exp.get("tp", 0.0) + exp.get("cp", 0.0) + exp.get("dp", 0.0)) / max(b - a, 1)
         ep_per_moe = exp.get("ep", 0.0) / max(n_moe, 1)
         lt[i] = _layer_time(model, tk, gpu, False).total + per_layer_comm
-        lm[i] = layer_memory_bytes(model, s, placement, i, False)
+        lm[i] = layer_memory_bytes(model, s, placement, i, False, gpu)
         if model.is_moe:
             lt[i, moe_mask] = _layer_time(model, tk, gpu, True).total + per_layer_comm + ep_per_moe
-            lm[i, moe_mask] = layer_memory_bytes(model, s, placement, i, True)
+            lm[i, moe_mask] = layer_memory_bytes(model, s, placement, i, True, gpu)
         et[i] = st.per_microbatch_s - lt[i, a:b].sum()
         em[i] = mem.total - lm[i, a:b].sum()
         cap[i] = mem.capacity
@@ -463,11 +464,12 @@ class _Bounds:
             params = placement.state_params("optimizer", all_stages)
             opt = 0.0
             if not s.offload_optimizer:
-                opt = min(C.optimizer_time(params / s.pp, self.cluster.group(g).gpu) for g in names)
+                opt = min(C.optimizer_time(params / s.pp, self.cluster.group(g).gpu, C.adam_step_bytes_per_param(s))
+                          for g in names)
             # one layer's parameters per rank by group, the lighter layer kind present
             per_layer = {g: min(getattr(one_layer_params(model, moe), g) for moe in model.layer_kinds)
                          * placement.model_shard_factor(g) for g in ("dense", "norms", "experts")}
-            bpp = BYTES_PER_PARAM[s.optimizer_convention]
+
             dp = {}
             for g in names:
                 grp = [self.cluster.group(g)]
@@ -479,7 +481,8 @@ class _Bounds:
                         n, stride = s.expert_dp, s.expert_tp * s.ep
                     else:
                         n, stride = s.dp * s.cp, s.tp
-                    msg = per_layer[dc.group] * (bpp["gradients"] if dc.tensor == "gradients" else bpp["parameters"])
+                    msg = per_layer[dc.group] * (gradient_comm_bytes(s) if dc.tensor == "gradients"
+                                                 else param_gather_bytes(s))
                     if n <= 1 or msg <= 0:
                         continue
                     link = group_link(grp, n, stride, self.cluster)
@@ -748,8 +751,9 @@ def _memory_screen(model: ModelSpec, cluster: ClusterSpec, s: Strategy, need_sho
     n_max = []
     may_fit = True
     for i in range(s.pp):
-        per = min(layer_memory_bytes(model, s, placement, i, k) for k in model.layer_kinds)
-        room = (_stage_gpu(cluster, s, i).usable_memory_bytes
+        gpu = _stage_gpu(cluster, s, i)
+        per = min(layer_memory_bytes(model, s, placement, i, k, gpu) for k in model.layer_kinds)
+        room = (allocatable_bytes(model, s, gpu)
                 - stage_fixed_bytes_lower_bound(model, s, placement, i)) // per
         room = int(max(room, 0)) // s.vpp * s.vpp
         if room < s.vpp:

@@ -43,19 +43,16 @@ class GPUProfile:
     scale_up_bandwidth_bytes_per_s: float   # per GPU, per direction
     scale_up_latency_s: float
     pcie_bandwidth_bytes_per_s: float       # per direction
-    memory_reserve_bytes: float     # CUDA context, NCCL, cuBLAS workspaces: never usable
-    fragmentation_fraction: float   # allocator fragmentation, fraction of capacity
+    cuda_context_bytes: float       # CUDA context + loaded kernels of PyTorch, TE, cuDNN, NCCL
+    nccl_bytes_per_communicator: float   # NCCL buffers of one communicator (channels x peers)
+    fragmentation_fraction: float   # caching allocator: reserved beyond allocated / allocated
     efficiency: Efficiency
     source: str = ""
     uncertain: tuple[str, ...] = ()
+    compute_capability: float = 9.0    # CUDA compute capability (sm); decides fp8 and workspace layouts
     # measured / modelled compute seconds, fitted by `planner calibrate` from a cluster's own
     # training logs (1.0: the profile as written); multiplies every compute kernel's time
     compute_time_scale: float = 1.0
-
-    @property
-    def usable_memory_bytes(self) -> float:
-        """Usable capacity = capacity - reserve - fragmentation allowance (bytes)."""
-        return self.memory_bytes * (1.0 - self.fragmentation_fraction) - self.memory_reserve_bytes
 
     def peak(self, dtype: str) -> float:
         for d, v in self.peak_flops_per_s:
@@ -68,10 +65,11 @@ class GPUProfile:
 
 
 PROFILE_FIELDS = {"name", "vendor", "memory", "memory_bandwidth", "peak_tflops", "scale_up_bandwidth",
-                  "scale_up_latency", "pcie_bandwidth", "memory_reserve", "fragmentation_fraction",
-                  "efficiency", "source", "uncertain", "notes"}
+                  "scale_up_latency", "pcie_bandwidth", "cuda_context", "nccl_memory_per_communicator",
+                  "fragmentation_fraction", "compute_capability", "efficiency", "source", "uncertain", "notes"}
 PROFILE_REQUIRED_FIELDS = {"name", "memory", "memory_bandwidth", "peak_tflops", "scale_up_bandwidth",
-                           "pcie_bandwidth", "memory_reserve", "fragmentation_fraction", "efficiency"}
+                           "pcie_bandwidth", "cuda_context", "nccl_memory_per_communicator",
+                           "fragmentation_fraction", "compute_capability", "efficiency"}
 EFF_FIELDS = {"matmul", "memory_bandwidth", "kernel_overhead", "scale_up", "network", "flash_attention",
               "matmul_fp8", "gemm_tile", "gemm_k_fill"}
 EFF_REQUIRED_FIELDS = {"matmul", "memory_bandwidth", "kernel_overhead", "scale_up", "network", "flash_attention"}
@@ -119,14 +117,16 @@ def profile_from_dict(data: Any, source: str) -> GPUProfile:
         scale_up_bandwidth_bytes_per_s=_unit(parse_bandwidth, data, "scale_up_bandwidth", source),
         scale_up_latency_s=_unit(parse_time, data, "scale_up_latency", source) if "scale_up_latency" in data else 3e-6,
         pcie_bandwidth_bytes_per_s=_unit(parse_bandwidth, data, "pcie_bandwidth", source),
-        memory_reserve_bytes=_unit(parse_size, data, "memory_reserve", source),
+        cuda_context_bytes=_unit(parse_size, data, "cuda_context", source),
+        nccl_bytes_per_communicator=_unit(parse_size, data, "nccl_memory_per_communicator", source),
         fragmentation_fraction=get_float(data, "fragmentation_fraction", source, maximum=0.5),
+        compute_capability=get_float(data, "compute_capability", source, minimum=1.0, maximum=20.0),
         efficiency=efficiency,
         source=get_str(data, "source", source, default="") or "",
         uncertain=tuple(uncertain),
     )
-    if prof.usable_memory_bytes <= 0:
-        raise SpecError(source, "memory_reserve", "reserve and fragmentation leave no usable memory")
+    if prof.cuda_context_bytes + prof.nccl_bytes_per_communicator >= prof.memory_bytes:
+        raise SpecError(source, "cuda_context", "the CUDA context and one NCCL communicator leave no memory")
     return prof
 
 
