@@ -64,6 +64,9 @@ class Strategy:
     moe_grouped_gemm: bool = True
     moe_pad_expert_input_to_capacity: bool = False
     use_precision_aware_optimizer: bool = False
+    # ---- CUDA graphs (--cuda-graph-impl none | local | transformer_engine, --cuda-graph-scope)
+    cuda_graph_impl: str = "none"
+    cuda_graph_scope: tuple[str, ...] = ()
     moe_router_dtype: str = "bf16"          # --moe-router-dtype (fp32 | fp64 | unset = params dtype)
     moe_permute_fusion: bool = False        # --moe-permute-fusion (TE fused permute: a larger map)
     overlap_moe_expert_parallel_comm: bool = False

@@ -14,7 +14,7 @@ import numpy as np
 
 from ..errors import InvalidStrategy, PlannerError
 from ..estimate import Estimate, _layer_time, _time_key, estimate
-from ..cost.parallel import (ep_layer_collective, pp_gather_s, pp_message_bytes, tp_layer_collectives,
+from ..cost.parallel import (ep_layer_collectives, ep_layer_exposed_s, pp_gather_s, pp_message_bytes, tp_layer_collectives,
                              tp_layer_exposed_s)
 from ..specs.cluster import ClusterSpec
 from ..specs.model import ModelSpec
@@ -317,8 +317,8 @@ class _Bounds:
                 lt_m = _layer_time(model, tk, g.gpu, True)
                 moe = lt_m.total + tp(lt_m)
                 if s.ep > 1:
-                    cnt, t1, _, _ = ep_layer_collective(model, s, [g], self.cluster)
-                    moe += cnt * t1
+                    phases, _ = ep_layer_collectives(model, s, [g], self.cluster)
+                    moe += ep_layer_exposed_s(phases, lt_m, s.recompute == "full", s)
             v = self._layer[key] = (dense, moe)
         return v
 

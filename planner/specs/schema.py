@@ -118,11 +118,12 @@ EFFICIENCY_PROPERTIES = {
     "matmul_fp8": _fraction("large fp8 GEMM achieved / fp8 peak TFLOP/s (default: matmul)"),
     "gemm_tile": _int("GEMM output tile edge, elements: work on partial tiles is wasted (default 128)"),
     "gemm_k_fill": _int("per-tile pipeline fill + epilogue, in K-loop elements (default 0)", minimum=0),
+    "host_launch_overhead": {**TIME, "description": "host CPU time to issue one kernel from eager PyTorch (default 0)"},
 }
 PROFILE_PROPERTIES = {
     "name": {**NAME, "description": "profile name"},
     "vendor": TEXT,
-    "memory": {**SIZE, "description": "device memory as the device reports it (nvidia-smi / rocm-smi total)"},
+    "memory": {**SIZE, "description": "device memory as CUDA/HIP reports it (torch total_memory, a few hundred MiB below nvidia-smi)"},
     "memory_bandwidth": {**BANDWIDTH, "description": "peak HBM bandwidth"},
     "peak_tflops": {"type": "object", "additionalProperties": False, "minProperties": 1,
                     "properties": {d: {"type": "number", "exclusiveMinimum": 0} for d in DTYPES},
