@@ -17,6 +17,7 @@ These are written from the format strings, not copied from either project's code
 
 from __future__ import annotations
 
+import math
 from datetime import datetime, timedelta
 
 SYNTHETIC = "SYNTHETIC EXAMPLE written for planner's tests and docs: not a measurement"
@@ -48,8 +49,7 @@ def iteration_line(when: datetime, iteration, train_iters, consumed, ms, gbs, tf
         s += f" throughput per GPU (TFLOP/s/GPU): {tflops:.1f} |"
     s += f" learning rate: {lr:.6E} |"
     s += f" global batch size: {gbs:5d} |"
-    if not skipped:
-        s += " lm loss: {:.6E} |".format(loss)
+    s += " lm loss: {:.6E} |".format(loss)
     s += f" loss scale: {1.0:.1f} |"
     s += f" grad norm: {0.912:.3f} |"
     s += " number of skipped iterations: {:3d} |".format(skipped)
@@ -70,11 +70,12 @@ def memory_line(rank, iteration, alloc_mib, max_alloc_mib, res_mib, max_res_mib,
 
 def megatron_run(times_ms, *, gbs, world, tp=1, pp=1, cp=1, args=None, start_iteration=0, log_interval=10,
                  train_iters=5000, first_ms=None, tflops_per_s=None, start=datetime(2026, 4, 28, 10, 0, 0),
-                 skipped=(), nan=(), batch_sizes=None, memory=(), header=True) -> list[str]:
+                 skipped=(), nan=(), batch_sizes=None, memory=(), header=True, lr=lambda it: 3.0e-4,
+                 loss=lambda it: 2.0 + 8.0 / math.sqrt(it)) -> list[str]:
     """One run: start-up lines, the first-iteration line, then one line per log interval with
     times_ms[k]. tflops_per_s: FLOPs per iteration per GPU / 1e12 (the throughput is that / time).
     memory: (rank, alloc, max alloc, reserved, max reserved[, device used]) MiB, printed after the
-    first logged interval."""
+    first logged interval. An interval in `nan` had an inf/nan loss: that step was skipped too."""
     dp = world // (tp * pp * cp)
     lines = []
     if header:
@@ -92,7 +93,7 @@ def megatron_run(times_ms, *, gbs, world, tp=1, pp=1, cp=1, args=None, start_ite
     consumed += gbs
     t += timedelta(milliseconds=first)
     lines.append(iteration_line(t, it, train_iters, consumed, first, gbs,
-                                tflops=tflops_per_s * 1e3 / first if tflops_per_s else None))
+                                tflops=tflops_per_s * 1e3 / first if tflops_per_s else None, lr=lr(it), loss=loss(it)))
     for k, ms in enumerate(times_ms):
         prev, it = it, (it // log_interval + 1) * log_interval
         bs = batch_sizes[k] if batch_sizes else gbs
@@ -100,7 +101,8 @@ def megatron_run(times_ms, *, gbs, world, tp=1, pp=1, cp=1, args=None, start_ite
         t += timedelta(milliseconds=ms * (it - prev))
         lines.append(iteration_line(t, it, train_iters, consumed, ms, bs,
                                     tflops=tflops_per_s * 1e3 / ms if tflops_per_s else None,
-                                    skipped=1 if k in skipped else 0, nan=1 if k in nan else 0))
+                                    skipped=1 if k in skipped or k in nan else 0, nan=1 if k in nan else 0,
+                                    lr=lr(it), loss=loss(it)))
         if k == 0:
             for m in memory:
                 lines.append(memory_line(m[0], it, *m[1:]))

@@ -4,6 +4,7 @@ reported (text or --json)."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from datetime import datetime, timezone
 
 from ..errors import SpecError
@@ -116,7 +117,7 @@ def render_text(r: Result, base, out: str, console) -> None:
             t.add_column(col, justify="left" if col in ("log", "launch") else "right")
         for c in r.logs:
             st = c.steady
-            t.add_row(escape(c.inp.log), escape(c.inp.launch),
+            t.add_row(escape(Path(c.inp.log).name), escape(Path(c.inp.launch).name),
                       f"{len(st.used)}/{len(c.log.iterations)} ({len(st.warmup)} warm-up, {len(st.outliers)} outl.)",
                       f"{st.measured_s:.3f}", f"{c.before_s:.3f}", f"{_err(c.before_s, st.measured_s):+.1%}",
                       f"{c.after_s:.3f}", f"{_err(c.after_s, st.measured_s):+.1%}")
@@ -126,7 +127,7 @@ def render_text(r: Result, base, out: str, console) -> None:
         for col in ("file", "collective", "level", "ranks", "measured", "profile", "calibrated", "latency"):
             t.add_column(col, justify="left" if col in ("file", "collective", "level") else "right")
         for c in r.nccl:
-            t.add_row(escape(c.inp.path), c.collective, escape(c.level), f"{c.nodes}x{c.gpus_per_node}", f"{c.measured_busbw / 1e9:.1f}",
+            t.add_row(escape(Path(c.inp.path).name), c.collective, escape(c.level), f"{c.nodes}x{c.gpus_per_node}", f"{c.measured_busbw / 1e9:.1f}",
                       f"{c.profile_busbw / 1e9:.1f}", f"{c.calibrated_busbw / 1e9:.1f}",
                       f"{c.fitted_latency * 1e6:.2f} us" if c.fitted_latency else "-")
         console.print(t)
@@ -135,7 +136,8 @@ def render_text(r: Result, base, out: str, console) -> None:
         t.add_column(col)
     for k, v in r.calibration.values:
         t.add_row(escape(str(k)), str(format_value(k.field, current_value(base, k))),
-                  str(format_value(k.field, v.value)), escape("; ".join(f"{s.file}:{s.lines}" for s in v.sources)))
+                  str(format_value(k.field, v.value)),
+                  escape("; ".join(f"{Path(s.file).name}:{s.lines}" for s in v.sources)))
     console.print(t)
     if r.calibration.left_at_profile:
         console.print("Left at the profile value:")

@@ -250,6 +250,9 @@ def _nccl_cases(inp: NcclInput, base) -> list[NcclCase]:
                 raise SpecError(inp.path, f"line {t.first_line}", f"the device report lists {len(t.hosts)} "
                                 f"host(s) ({', '.join(t.hosts[:4])}{', ...' if len(t.hosts) > 4 else ''}), "
                                 f"--nccl-nodes says {inp.nodes}")
+        if per_host and inp.gpus_per_node and per_host != inp.gpus_per_node:
+            raise SpecError(inp.path, f"line {t.first_line}", f"the device report has {per_host} ranks per host, "
+                            f"--nccl-gpus-per-node says {inp.gpus_per_node}")
         g_per_node = inp.gpus_per_node or per_host or G
         if t.ranks and not truncated and len(t.ranks) != inp.nodes * g_per_node:
             raise SpecError(inp.path, f"line {t.first_line}", f"the device report lists {len(t.ranks)} ranks, "

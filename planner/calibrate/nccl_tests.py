@@ -184,8 +184,7 @@ def parse_nccl(path: str) -> NcclFile:
             if m:
                 table(n).avg_busbw = (float(m.group(1)) * 1e9, n)
                 continue
-            if re.search(r"#\s*\(B\)|#\s*$|#\s*Using devices|Collective test concluded", raw):
-                continue
+            continue   # any other comment ('# Reducing maxBytes ...'): result rows never hold a '#'
         m = _ROW.search(raw)
         if m:
             t = table(n)
