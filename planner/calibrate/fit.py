@@ -418,8 +418,9 @@ def _check_log(case_log: MegatronLog, launch_path: str, model, s, iters) -> None
         for k, (v, line) in run.world.items():
             if v != want[k]:
                 what = "world size" if k == "world_size" else k.replace("_", " ")
+                hint = "; without torchrun sizes a launch takes the whole cluster" if k == "world_size" else ""
                 raise SpecError(path, f"line {line}", f"the log's {what} is {v}, launch {launch_path} has "
-                                f"{want[k]} ({s.world_size} GPUs: {deg}): not the log of this launch")
+                                f"{want[k]} ({s.world_size} GPUs: {deg}{hint}): not the log of this launch")
         for k, (text, line) in run.args.items():
             if k in want and want[k] is not None and text.strip().isdigit() and int(text) != want[k]:
                 raise SpecError(path, f"line {line}", f"the log's {k} is {text.strip()}, launch {launch_path} has "
@@ -443,20 +444,35 @@ def _check_log(case_log: MegatronLog, launch_path: str, model, s, iters) -> None
                             f"{full / 1e15:.4g} PFLOP ({model.name}, {deg}): another world size or model")
 
 
+def _load_launch(path: str, cluster):
+    """(model, strategy, flags the launch parser kept but does not model) of a Megatron launch
+    file or a plan JSON: anything `planner check` reads."""
+    from ..emit.check import load_launch, load_plan_or_launch
+    try:
+        with open(path, encoding="utf-8") as fh:
+            head = fh.read(4096).lstrip()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SpecError(path, None, f"cannot read: {exc}") from None
+    if head.startswith("{"):
+        model, s = load_plan_or_launch(path, cluster, None)
+        return model, s, ()
+    launch, model, s = load_launch(path, cluster, None)
+    return model, s, tuple(launch.ignored)
+
+
 def _log_case(inp: LogInput, before) -> LogCase:
-    from ..emit.check import load_launch
     log = parse_log(inp.log)
     iters = log.iterations
     if not iters:
         raise SpecError(inp.log, None, "no Megatron iteration lines ('iteration N/ M | ... | elapsed time per "
                         "iteration (ms): ...'): not a training log, or training never logged")
-    launch, model, s = load_launch(inp.launch, before, None)
+    model, s, ignored = _load_launch(inp.launch, before)
     _check_log(log, inp.launch, model, s, iters)
     st = steady_state(log, s.global_batch_size)
     if st is None:
         raise SpecError(inp.log, None, f"no steady-state iteration line: {len(iters)} line(s), all warm-up, "
                         "skipped/nan or at another batch size")
-    return LogCase(inp=inp, log=log, model=model, strategy=s, steady=st, ignored_flags=tuple(launch.ignored),
+    return LogCase(inp=inp, log=log, model=model, strategy=s, steady=st, ignored_flags=ignored,
                    sigma=math.hypot(st.relative_error, MODEL_TIME_ERROR))
 
 
@@ -682,6 +698,10 @@ def calibrate(base, prior: Calibration | None, logs: list[LogInput], nccl: list[
     cal = Calibration(values=tuple((k, final[k]) for k in all_keys(base) if k in final),
                       left_at_profile=tuple(left), created=created)
     for c in lcases:
+        if c.steady.slow_runs:
+            shown = ", ".join(f"run {i + 1}: {c.steady.per_run_s[i]:.4g} s" for i in c.steady.slow_runs)
+            warnings.append(f"{c.inp.log}: runs differ beyond their jitter ({shown}; all: {c.steady.measured_s:.4g} s); "
+                            "the median of all is used")
         if c.fits_before is False:
             warnings.append(f"{c.inp.log}: the planner says launch {c.inp.launch} does not fit in memory, yet the log "
                             "shows it ran: its memory model over-predicts this launch")
