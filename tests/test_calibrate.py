@@ -17,7 +17,7 @@ from statistics import median
 import pytest
 from rich.console import Console
 
-from calibration_formats import (megatron_run, memory_line, nccl_output, prefixed, write)
+from calibration_formats import megatron_run, nccl_output, prefixed, write
 from planner.calibrate.command import run_calibrate
 from planner.calibrate.megatron_log import parse_log
 from planner.calibrate.nccl_tests import collective_of, parse_nccl
@@ -25,7 +25,6 @@ from planner.calibrate.steady import steady_state
 from planner.errors import PlannerError, SpecError
 from planner.estimate import estimate
 from planner.library import load_cluster_ref
-from planner.specs.calibration import Key
 from planner.specs.cluster import load_cluster
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -536,3 +535,12 @@ def test_log_faster_than_the_hardware_allows_is_refused(tmp_path):
 def test_gpus_per_node_flag_must_match_the_device_report(tmp_path):
     f = write(tmp_path / "all_reduce_perf.txt", nccl_output("all_reduce", 2, 8, 300, 30))
     assert "8 ranks per host" in _bad(tmp_path, nccl=[(f, 2, 4)])
+
+
+def test_a_ring_across_nodes_faster_than_the_scale_up_cap_needs_the_scale_up_measured(tmp_path):
+    two = write(tmp_path / "all_reduce_perf_2n.txt", nccl_output("all_reduce", 2, 8, 420, 30))
+    assert "1-node nccl-tests" in _bad(tmp_path, nccl=[(two, 2)])     # the profile's scale-up (360 GB/s) caps it
+    one = write(tmp_path / "all_reduce_perf_1n.txt", nccl_output("all_reduce", 1, 8, 478, 20))
+    rc, doc, _ = run(tmp_path, nccl=[(one, 1), (two, 2)])
+    fitted = {f["value"]: f["calibrated"] for f in doc["fitted"]}
+    assert fitted["node_groups[h100].scale_out_bus_bandwidth"] == pytest.approx(420e9, rel=0.01)

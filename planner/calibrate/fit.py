@@ -32,7 +32,8 @@ from ..specs.calibration import (MAX_BUS_OVER_LINE_RATE, MAX_LATENCY_S, Calibrat
                                  all_keys, apply_calibration, base_gpu_name, bounds, current_value, format_value,
                                  line_rate, memory_overheads, parse_value)
 from .megatron_log import MegatronLog, parse_log
-from .nccl_tests import COLLECTIVES, UNSUPPORTED, NcclFile, Row, Table, collective_of, parse_nccl
+from .nccl_tests import COLLECTIVES, UNSUPPORTED, NcclFile, Table, collective_of, parse_nccl
+from .robust import geometric_mean
 from .steady import SteadyState, steady_state
 
 # The planner's own iteration-time error on published runs (README 'Accuracy': 5.3% MAPE): two
@@ -163,9 +164,10 @@ def model_time(cluster, case: NcclCase, size: float) -> float:
     return collective_time(case.kind, size, case.ranks, link)
 
 
-def _solve_bandwidth(base, values: dict, key: Key, fn, t_meas: float, where: str) -> float | None:
-    """The attained bandwidth at which fn(cluster) = t_meas (fn falls as bandwidth rises);
-    None when fn does not depend on it."""
+def _solve_bandwidth(base, values: dict, key: Key, fn, t_meas: float) -> tuple[float | None, str]:
+    """(the attained bandwidth at which fn(cluster) = t_meas, "ok"), or (None, why): "flat" when
+    fn does not depend on it, "fast" / "slow" when t_meas is out of reach within its bounds
+    (fn falls as bandwidth rises)."""
     lr = line_rate(base, key)
     lo, hi = MIN_BUS_OVER_LINE_RATE * lr, MAX_BUS_OVER_LINE_RATE * lr
 
@@ -174,15 +176,11 @@ def _solve_bandwidth(base, values: dict, key: Key, fn, t_meas: float, where: str
 
     t_lo, t_hi = t(lo), t(hi)
     if not t_lo > t_hi * (1 + 1e-9):
-        return None
+        return None, "flat"
     if t_meas < t_hi:
-        raise SpecError(where, None, f"measured {t_meas * 1e6:.4g} us is faster than the planner's model allows "
-                        f"with {key} at {MAX_BUS_OVER_LINE_RATE:g}x its line rate ({lr * MAX_BUS_OVER_LINE_RATE / 1e9:.4g} "
-                        "GB/s): check --nccl-nodes / --nccl-gpus-per-node, the cluster's link figures, and a "
-                        "scale-up level that caps this one")
+        return t_hi, "fast"
     if t_meas > t_lo:
-        raise SpecError(where, None, f"measured {t_meas * 1e6:.4g} us is slower than {key} at "
-                        f"{MIN_BUS_OVER_LINE_RATE:g}x the line rate: a broken fabric, not a calibration")
+        return t_lo, "slow"
     a, b = math.log(lo), math.log(hi)
     for _ in range(60):
         mid = 0.5 * (a + b)
@@ -190,7 +188,7 @@ def _solve_bandwidth(base, values: dict, key: Key, fn, t_meas: float, where: str
             a = mid
         else:
             b = mid
-    return math.exp(0.5 * (a + b))
+    return math.exp(0.5 * (a + b)), "ok"
 
 
 # ---------------------------------------------------------------- nccl-tests
@@ -223,7 +221,6 @@ def _nccl_cases(inp: NcclInput, base) -> list[NcclCase]:
                         f"{', '.join(groups)} have {avail} nodes")
     cases = []
     for t in f.tables:
-        where = f"{inp.path}: line {t.first_line}"
         coll = collective_of(t, inp.path)
         if coll in UNSUPPORTED:
             raise SpecError(inp.path, f"line {t.first_line}", f"{coll}_perf: not a collective the planner's "
@@ -315,7 +312,7 @@ def _fit_nccl(cases: list[NcclCase], base, values: dict, sources: dict, reasons:
             used = [c for c in mine if _fit_case_bandwidth(c, base, {**values, lat_key: Value(lat)}, level)]
             if not used:
                 break
-            values[level] = Value(math.exp(sum(math.log(c.fitted_bw) for c in used) / len(used)))
+            values[level] = Value(geometric_mean([c.fitted_bw for c in used]))   # least squares in log space
             alphas = [a for a in (_fit_case_latency(c, base, values, lat_key) for c in used) if a is not None]
             if not alphas:
                 break
@@ -352,23 +349,39 @@ NCCL_ALTERNATIONS = 3
 
 def _fit_case_bandwidth(c: NcclCase, base, values: dict, level: Key) -> bool:
     """c.fitted_bw from the large messages whose latency term is under a tenth of the measured
-    time (or the largest message, if none); False when the model's time does not depend on it."""
+    time (or the largest message, if none); False when the model's time does not depend on it.
+    A message the model cannot match at the current latency is left out of this round; none
+    matched at all is an error."""
     lat_key = c.lat_key
     zero = _cluster(base, {**values, lat_key: Value(0.0)})
     here = _cluster(base, values)
     rows = [r for r in c.large if all(model_time(here, c, r.size) - model_time(zero, c, r.size)
                                       <= LATENCY_REGIME_BANDWIDTH_SHARE * h.time_s for _, h in r.halves)]
     rows = rows or [max(c.large, key=lambda r: r.size)]
-    sols = []
+    sols, used, misses = [], [], []
     for r in rows:
         for _, h in r.halves:
-            bw = _solve_bandwidth(base, values, level, lambda cl, r=r: model_time(cl, c, r.size), h.time_s,
-                                  f"{c.inp.path}: line {r.line}")
-            if bw is not None:
+            bw, why = _solve_bandwidth(base, values, level, lambda cl, r=r: model_time(cl, c, r.size), h.time_s)
+            if why == "ok":
                 sols.append(bw)
+                if r not in used:
+                    used.append(r)
+            elif why != "flat":
+                misses.append((r, h, bw, why))
+    if not sols and misses:
+        r, h, t_edge, why = misses[-1]
+        lr = line_rate(base, level)
+        if why == "fast":
+            raise SpecError(c.inp.path, f"line {r.line}", f"{r.size} bytes in {h.time_s * 1e6:.4g} us is faster than "
+                            f"the planner's model gets ({t_edge * 1e6:.4g} us) with {level} at "
+                            f"{MAX_BUS_OVER_LINE_RATE:g}x its line rate ({MAX_BUS_OVER_LINE_RATE * lr / 1e9:.4g} GB/s): "
+                            "check --nccl-nodes / --nccl-gpus-per-node and the cluster's links; a ring across nodes "
+                            "is also capped by the scale-up level (calibrate it with a 1-node nccl-tests)")
+        raise SpecError(c.inp.path, f"line {r.line}", f"{r.size} bytes in {h.time_s * 1e6:.4g} us is slower than "
+                        f"{level} at {MIN_BUS_OVER_LINE_RATE:g}x its line rate allows: a broken fabric, not a calibration")
     if not sols:
         return False
-    c.fitted_bw, c.bw_rows = median(sols), rows
+    c.fitted_bw, c.bw_rows = median(sols), used
     return True
 
 
