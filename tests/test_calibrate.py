@@ -121,6 +121,11 @@ def test_megatron_log_with_launcher_prefixes_and_restarts(tmp_path):
     assert r1.iterations[1].date == "2026-04-28"
     m = r1.memory[0]
     assert m.rank == 0 and m.max_allocated == pytest.approx(41000.25 * 2**20) and m.max_reserved == 45000 * 2**20
+    # Megatron-Bridge prints 'this interval/running mean'; Megatron before 2024 no timestamp
+    bridge = [x.replace("(ms): 1001.0 |", "(ms): 1001.0/1000.5 |").split("] ", 1)[-1] if " iteration " in x else x
+              for x in run1]
+    its = parse_log(write(tmp_path / "bridge.log", bridge)).iterations
+    assert [round(it.elapsed_s * 1e3, 1) for it in its[1:]] == [1000.0, 1001.0, 999.0] and its[1].date is None
 
 
 def test_steady_state_leaves_out_warmup_skipped_nan_rampup_and_outliers(tmp_path):
@@ -163,6 +168,13 @@ def test_nccl_tests_formats(tmp_path, variant):
     assert big and all(abs(h.busbw / 300e9 - 1) < 0.03 for r in big for _, h in r.halves)
     assert all((h.wrong is None) == (variant == "no-check") for r in t.rows for _, h in r.halves)
     assert t.avg_busbw is not None and t.out_of_bounds[0] == 0
+
+
+def test_a_pasted_table_is_named_by_its_footer(tmp_path):
+    lines = nccl_output("reduce_scatter", 1, 8, 300, 20)
+    table = lines[lines.index(next(x for x in lines if "out-of-place" in x)):]   # no start-up lines
+    f = parse_nccl(write(tmp_path / "bench.txt", table))
+    assert collective_of(f.tables[0], f.path) == "reduce_scatter"
 
 
 def test_several_nccl_tables_in_one_file(tmp_path):

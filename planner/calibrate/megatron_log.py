@@ -127,15 +127,19 @@ def _fields(rest: str) -> dict[str, str]:
     return out
 
 
+_LEADING = re.compile(r"[-+]?[0-9]+(?:\.[0-9]*)?(?:[eE][-+]?[0-9]+)?")
+
+
 def _number(d: dict, key: str, path: str, line: int, kind=float):
+    """A field's number; Megatron-Bridge prints 'this interval/running mean' (1234.5/1230.1):
+    the first is the interval's."""
     v = d.get(key)
     if v is None:
         return None
-    try:
-        x = kind(v) if kind is float else int(v)
-    except ValueError:
-        raise SpecError(path, f"line {line}", f"{key}: found {v!r}, expected a number") from None
-    return x
+    m = _LEADING.match(v)
+    if not m:
+        raise SpecError(path, f"line {line}", f"{key}: found {v!r}, expected a number")
+    return float(m.group(0)) if kind is float else int(float(m.group(0)))
 
 
 def parse_log(path: str) -> MegatronLog:

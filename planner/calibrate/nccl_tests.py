@@ -40,6 +40,7 @@ TYPES = ("int8", "uint8", "int32", "uint32", "int64", "uint64", "half", "float",
 
 _VERSION = re.compile(r"#\s*nccl-tests version (\S+)")
 _PROGRAM = re.compile(r"#\s*Collective test starting:\s*(\S+)")
+_CONCLUDED = re.compile(r"#\s*Collective test concluded:\s*(\S+)")
 _NTHREAD = re.compile(r"#\s*nThread (\d+) nGpus (\d+) minBytes (\d+) maxBytes (\d+)")
 _RANK = re.compile(r"#\s+Rank\s+(\d+) Group\s+(\d+) Pid\s+(\d+) on\s+(\S+) device\s+(\d+) \[[^\]]*\] (.*?)\s*$")
 _HEADER = re.compile(r"#\s+size\s+count\s+type\s+redop\s+root\s+(time|cputime)\s+algbw\s+busbw\s+#wrong(.*)$")
@@ -159,6 +160,11 @@ def parse_nccl(path: str) -> NcclFile:
             if m:
                 t = table(n, starting=True)
                 t.program, t.version = m.group(1), pending_version
+                continue
+            m = _CONCLUDED.search(raw)
+            if m:
+                if cur is not None and cur.program is None:
+                    cur.program = m.group(1)   # a pasted table without its start-up lines
                 continue
             m = _NTHREAD.search(raw)
             if m:
