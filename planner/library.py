@@ -59,6 +59,11 @@ def load_model_ref(ref: str):
     return load_model(_resolve(ref, MODELS_DIR, "model", bundled_model_names()))
 
 
+def cluster_path(ref: str) -> Path:
+    """The file a `--cluster` reference (a path or a bundled name) names."""
+    return _resolve(ref, CLUSTERS_DIR, "cluster", bundled_cluster_names())
+
+
 def load_cluster_ref(ref: str):
     from .specs.cluster import load_cluster
-    return load_cluster(_resolve(ref, CLUSTERS_DIR, "cluster", bundled_cluster_names()))
+    return load_cluster(cluster_path(ref))
