@@ -27,7 +27,7 @@ from planner.library import load_cluster_ref  # noqa: E402
 LAUNCH = HERE / "llama3-70b-tp8-pp4.sh"
 STEADY_MS = 41_800.0        # the "measured" steady iteration (the planner says ~35 s)
 GAP_GIB = (2.3, 2.1, 2.2, 2.0)   # max allocated above the planner's predicted peak, per stage
-FRAGMENTATION = (0.041, 0.052, 0.047, 0.060)   # (reserved - allocated) / reserved, per stage
+FRAGMENTATION = (0.041, 0.052, 0.047, 0.060)   # (reserved - allocated) / reserved, per stage, as written into the log
 OUTSIDE_PYTORCH_MIB = 2450.0   # CUDA context + NCCL buffers: device used - reserved
 MIB = 2**20
 

@@ -31,6 +31,7 @@ from ..errors import SpecError
 from ..specs.calibration import (MAX_BUS_OVER_LINE_RATE, MAX_LATENCY_S, Calibration, Key, Source, Value,
                                  all_keys, apply_calibration, base_gpu_name, bounds, current_value, format_value,
                                  line_rate, memory_overheads, parse_value)
+from ..cost.memory import fixed_overhead_bytes
 from .megatron_log import MegatronLog, parse_log
 from .nccl_tests import COLLECTIVES, UNSUPPORTED, NcclFile, Table, collective_of, parse_nccl
 from .robust import geometric_mean
@@ -625,15 +626,19 @@ def _memory(cases: list[LogCase], base, before, values: dict, sources: dict, rea
             if len(kinds) != 1:
                 continue
             d = per_kind.setdefault(kinds.pop(), {"frag": [], "gap": [], "outside": [], "src": {}})
-            if m.max_reserved > 0:
-                d["frag"].append((m.max_reserved - m.max_allocated) / m.max_reserved)
+            if m.max_allocated > 0:
+                d["frag"].append((m.max_reserved - m.max_allocated) / m.max_allocated)
             if row["gap_bytes"] is not None:
                 d["gap"].append(row["gap_bytes"])
             if row["outside_pytorch_bytes"] is not None:
-                d["outside"].append(max(0.0, row["outside_pytorch_bytes"]))
+                # memory outside the allocator less what the model charges per communicator and
+                # workspace for this launch: the rest is the GPU's fixed context
+                gpu = before.group(pred.node_group.split("+")[0]).gpu if pred else before.node_groups[0].gpu
+                per_launch = fixed_overhead_bytes(c.model, c.strategy, gpu) - memory_overheads(gpu)[0]
+                d["outside"].append(max(0.0, row["outside_pytorch_bytes"] - per_launch))
             d["src"].setdefault(c.inp.log, (c, []))[1].append(m.line)
     for kind, d in per_kind.items():
-        fk, rk = Key("gpus", kind, "fragmentation_fraction"), Key("gpus", kind, "memory_reserve")
+        fk, rk = Key("gpus", kind, "fragmentation_fraction"), Key("gpus", kind, "cuda_context")
         srcs = [Source(file=p, lines=f"{min(ls)}-{max(ls)}", date=_date(c), sha256=c.log.sha256,
                        what=f"{len(ls)} report_memory line(s), the last per rank")
                 for p, (c, ls) in d["src"].items()]
@@ -641,7 +646,7 @@ def _memory(cases: list[LogCase], base, before, values: dict, sources: dict, rea
             # the worst rank decides whether a plan fits: the largest share of the allocator's pool
             # that is not in tensors
             values[fk] = Value(min(max(d["frag"]), 0.5))
-            sources[fk] = [replace(s, what=s.what + ": (max reserved - max allocated) / max reserved, worst rank")
+            sources[fk] = [replace(s, what=s.what + ": (max reserved - max allocated) / max allocated, worst rank")
                            for s in srcs]
         reserve0 = memory_overheads(next(g.gpu for g in base.node_groups if base_gpu_name(g.gpu) == kind))[0]
         outside = max(d["outside"]) if d["outside"] else None
@@ -654,8 +659,8 @@ def _memory(cases: list[LogCase], base, before, values: dict, sources: dict, rea
             continue
         base_part = outside if outside is not None else reserve0
         values[rk] = Value(base_part + max(0.0, gap or 0.0))
-        parts = (f"outside PyTorch {base_part / 2**30:.2f} GiB (measured)" if outside is not None
-                 else f"profile reserve {reserve0 / 2**30:.2f} GiB (context/NCCL not in the log)")
+        parts = (f"outside PyTorch, less NCCL/workspaces, {base_part / 2**30:.2f} GiB (measured)" if outside is not None
+                 else f"profile context {reserve0 / 2**30:.2f} GiB (memory outside PyTorch not in the log)")
         sources[rk] = [replace(s, what=s.what + f": {parts} + max allocated above the predicted peak "
                                f"{max(0.0, gap or 0.0) / 2**30:.2f} GiB") for s in srcs]
 
@@ -724,7 +729,7 @@ def calibrate(base, prior: Calibration | None, logs: list[LogInput], nccl: list[
 def _default_reason(k: Key) -> str:
     if k.field == "compute_time_scale":
         return "no Megatron log"
-    if k.field in ("memory_reserve", "fragmentation_fraction"):
+    if k.field in ("cuda_context", "fragmentation_fraction"):
         return "no memory (MB) report lines in any log of this GPU kind"
     if k.field == "scale_up_bus_bandwidth":
         return "no single-node nccl-tests of this node group, and the logs do not determine it"

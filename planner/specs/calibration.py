@@ -6,7 +6,8 @@ came from. On load each node group gets a calibrated copy of its GPU profile (na
 
   gpus.<profile name>                         (one GPU kind, all groups that use it)
     compute_time_scale       -> GPUProfile.compute_time_scale (measured / modelled compute time)
-    memory_reserve           -> GPUProfile.memory_reserve_bytes
+    cuda_context             -> GPUProfile.cuda_context_bytes (memory outside the allocator's tensors
+                                that is not per communicator)
     fragmentation_fraction   -> GPUProfile.fragmentation_fraction
   node_groups.<group name>
     scale_up_bus_bandwidth   NCCL bus bandwidth per GPU inside one node
@@ -51,13 +52,13 @@ MAX_LATENCY_S = 1e-3
 # The profile loader's own bound on the fragmentation allowance (planner/specs/hardware.py).
 MAX_FRAGMENTATION_FRACTION = 0.5
 
-GPU_FIELDS = ("compute_time_scale", "memory_reserve", "fragmentation_fraction")
+GPU_FIELDS = ("compute_time_scale", "cuda_context", "fragmentation_fraction")
 GROUP_FIELDS = ("scale_up_bus_bandwidth", "scale_up_latency", "scale_out_bus_bandwidth", "nic_latency")
 INTERCONNECT_FIELDS = ("bus_bandwidth", "latency")
 BLOCK_FIELDS = {"created", "tool", "gpus", "node_groups", "interconnect", "notes"}
 ENTRY_FIELDS = {"value", "profile", "from", "left_at_profile"}
 SOURCE_FIELDS = {"file", "lines", "date", "sha256", "what"}
-UNITS = {"compute_time_scale": "ratio", "memory_reserve": "size", "fragmentation_fraction": "ratio",
+UNITS = {"compute_time_scale": "ratio", "cuda_context": "size", "fragmentation_fraction": "ratio",
          "scale_up_bus_bandwidth": "bandwidth", "scale_out_bus_bandwidth": "bandwidth",
          "bus_bandwidth": "bandwidth", "scale_up_latency": "time", "nic_latency": "time", "latency": "time"}
 
@@ -109,13 +110,14 @@ class Calibration:
 # for them may change; only these two functions then change)
 
 def memory_overheads(gpu) -> tuple[float, float]:
-    """(memory reserve in bytes, fragmentation fraction) of a GPU profile."""
-    return gpu.memory_reserve_bytes, gpu.fragmentation_fraction
+    """(CUDA context and other fixed memory outside the tensors in bytes, fragmentation fraction:
+    reserved beyond allocated over allocated) of a GPU profile."""
+    return gpu.cuda_context_bytes, gpu.fragmentation_fraction
 
 
-def with_memory_overheads(gpu, reserve_bytes: float | None, fragmentation: float | None):
+def with_memory_overheads(gpu, context_bytes: float | None, fragmentation: float | None):
     r0, f0 = memory_overheads(gpu)
-    return replace(gpu, memory_reserve_bytes=r0 if reserve_bytes is None else reserve_bytes,
+    return replace(gpu, cuda_context_bytes=r0 if context_bytes is None else context_bytes,
                    fragmentation_fraction=f0 if fragmentation is None else fragmentation)
 
 
@@ -136,7 +138,7 @@ def current_value(cluster, key: Key) -> float:
         if key.field == "compute_time_scale":
             return gpu.compute_time_scale
         reserve, frag = memory_overheads(gpu)
-        return reserve if key.field == "memory_reserve" else frag
+        return reserve if key.field == "cuda_context" else frag
     if key.scope == "node_groups":
         g = cluster.group(key.target)
         return {"scale_up_bus_bandwidth": lambda: g.intra_node_bandwidth_bytes_per_s * g.gpu.efficiency.scale_up,
@@ -169,7 +171,7 @@ def bounds(cluster, key: Key) -> tuple[float, float]:
         return max(e.matmul, e.memory_bandwidth, e.flash_attention), MAX_COMPUTE_TIME_SCALE
     if key.field == "fragmentation_fraction":
         return 0.0, MAX_FRAGMENTATION_FRACTION
-    if key.field == "memory_reserve":
+    if key.field == "cuda_context":
         gpu = next(g.gpu for g in cluster.node_groups if base_gpu_name(g.gpu) == key.target)
         return 0.0, gpu.memory_bytes
     if UNITS[key.field] == "time":
@@ -224,7 +226,7 @@ def apply_calibration(cluster, cal: Calibration):
             eff = replace(eff, scale_up=got["scale_up_bus_bandwidth"] / g.intra_node_bandwidth_bytes_per_s)
         if "scale_out_bus_bandwidth" in got:
             eff = replace(eff, network=got["scale_out_bus_bandwidth"] / g.node_egress_bytes_per_s)
-        gpu = with_memory_overheads(g.gpu, got.get("memory_reserve"), got.get("fragmentation_fraction"))
+        gpu = with_memory_overheads(g.gpu, got.get("cuda_context"), got.get("fragmentation_fraction"))
         gpu = replace(gpu, name=f"{name}{CALIBRATED_TAG}{g.name})", efficiency=eff,
                       compute_time_scale=got.get("compute_time_scale", g.gpu.compute_time_scale),
                       scale_up_latency_s=got.get("scale_up_latency", g.gpu.scale_up_latency_s))
@@ -360,12 +362,10 @@ def parse_calibration(data: Any, source: str, cluster) -> Calibration:
 def _check_usable_memory(cluster, cal: Calibration, source: str) -> None:
     for g in cluster.node_groups:
         name = base_gpu_name(g.gpu)
-        r = cal.get(Key("gpus", name, "memory_reserve"))
-        f = cal.get(Key("gpus", name, "fragmentation_fraction"))
-        gpu = with_memory_overheads(g.gpu, r.value if r else None, f.value if f else None)
-        if gpu.usable_memory_bytes <= 0:
-            raise SpecError(source, f"calibration.gpus.{name}", "memory_reserve and fragmentation_fraction "
-                            "leave no usable memory")
+        r = cal.get(Key("gpus", name, "cuda_context"))
+        gpu = with_memory_overheads(g.gpu, r.value if r else None, None)
+        if gpu.cuda_context_bytes + gpu.nccl_bytes_per_communicator >= gpu.memory_bytes:
+            raise SpecError(source, f"calibration.gpus.{name}", "cuda_context leaves no memory for tensors")
 
 
 def calibration_to_dict(cal: Calibration, cluster, tool: str = "planner calibrate") -> dict:

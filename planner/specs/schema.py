@@ -114,7 +114,7 @@ CALIBRATION_PROPERTIES = {
     "gpus": {"type": "object", "description": "per GPU profile name",
              "additionalProperties": {"type": "object", "additionalProperties": False, "properties": {
                  "compute_time_scale": _calibrated(_RATIO, "measured / modelled compute time"),
-                 "memory_reserve": _calibrated(SIZE, "memory never usable by tensors"),
+                 "cuda_context": _calibrated(SIZE, "fixed memory outside the allocator's tensors (context, kernels)"),
                  "fragmentation_fraction": _calibrated({"type": "number", "minimum": 0, "maximum": 0.5},
                                                        "caching-allocator loss, fraction of capacity")}}},
     "node_groups": {"type": "object", "description": "per node group name",
