@@ -86,5 +86,5 @@ def one_error_line(stderr: str) -> str:
     assert "Traceback" not in stderr, stderr
     assert stderr.startswith("error: "), repr(stderr)
     assert stderr.count("\n") == 1 and stderr.endswith("\n"), repr(stderr)
-    assert "unexpected" not in stderr, stderr
+    assert not stderr.startswith("error: unexpected "), stderr
     return stderr.rstrip("\n")
