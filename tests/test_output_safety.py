@@ -233,3 +233,37 @@ def test_plots_inside_the_output_are_part_of_it(scratch):
     import json
     man = json.loads((work / "plans" / "planner-manifest.json").read_text())
     assert {"pictures/timeline.png", "pictures/memory.png", "pictures/candidates.png"} <= set(man["files"])
+
+
+@pytest.mark.parametrize("path,expect", [("/dev/null/x", "/dev/null is not a folder"),
+                                         ("notes.txt", "exists and is not a folder")])
+def test_estimate_plot_path_that_cannot_be_used(scratch, path, expect):
+    before = snapshot(scratch)
+    r = run(["estimate", "--model", "llama3-8b", "--cluster", "dgx-h100-x8", "--plot", path],
+            cwd=scratch / "work", env=_env(scratch))
+    assert r.returncode == 2 and r.stdout == ""
+    line = one_error_line(r.stderr)
+    assert line.startswith("error: --plot: ") and expect in line, line
+    assert snapshot(scratch) == before
+
+
+def test_concurrent_runs_leave_one_complete_output(scratch):
+    from planner.emit.writer import foreign_entry
+    work = scratch / "work"
+    before = {k: v for k, v in snapshot(scratch).items()}
+    for force in (False, True):   # racing to create the folder, then racing to replace it
+        args = [sys.executable, "-m", "planner.cli", *PLAN, "--out", "plans", "--json"] + (["--force"] if force else [])
+        procs = [subprocess.Popen(args, cwd=work, env=_env(scratch), stdout=subprocess.DEVNULL,
+                                  stderr=subprocess.PIPE, text=True) for _ in range(4)]
+        results = [(p.wait(timeout=120), p.stderr.read()) for p in procs]
+        for p in procs:
+            p.stderr.close()
+        assert any(rc == 0 for rc, _ in results), results
+        for rc, err in results:
+            assert rc in (0, 2), results
+            if rc == 2:
+                one_error_line(err)
+        assert foreign_entry(work / "plans") is None          # a complete planner output
+        assert sorted(p.name for p in work.iterdir()) == ["notes.txt", "plans", "src"]   # nothing left behind
+    now = snapshot(scratch)
+    assert {k: v for k, v in now.items() if not k.startswith("work/plans")} == before

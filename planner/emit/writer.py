@@ -242,26 +242,51 @@ def _umask() -> int:
     return mask
 
 
-def _swap(staging: Path, target: Path, warn: Callable[[str], None]) -> None:
-    """Put staging where target is. target absent or empty: one rename (atomic). target a
-    verified planner output: rename it aside, rename staging in (rolled back on failure),
-    check the old one once more (it may have changed meanwhile) and only then delete it."""
-    if not os.path.lexists(target) or (target.is_dir() and not os.path.islink(target) and not any(os.scandir(target))):
-        os.rename(staging, target)   # fails (ENOTEMPTY) if a file appeared in target meanwhile
+def _swap(staging: Path, target: Path, name: str, force: bool, warn: Callable[[str], None]) -> None:
+    """Put staging where target is. Without --force, or with target absent or an empty folder:
+    one rename, atomic, which the OS refuses onto anything but an absent or empty folder (so a
+    folder or file that appeared meanwhile is never touched). With --force onto planner's own
+    output, checked again here: rename it aside, rename staging in (rolled back on failure),
+    check the old one once more (it may have changed meanwhile), and only then delete it."""
+    if not force or not os.path.lexists(target) or (_is_real_dir(target) and not any(os.scandir(target))):
+        os.rename(staging, target)
         return
+    changed = "changed while planner wrote (another run?); nothing was replaced, run again"
+    if not _is_real_dir(target) or foreign_entry(target):
+        raise _err("--out", f"{name} {changed}")
     old = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.planner-old-"))
-    os.rename(target, old)           # replaces the empty placeholder
+    try:
+        os.rename(target, old)           # replaces the empty placeholder
+    except FileNotFoundError:
+        os.rmdir(old)
+        raise _err("--out", f"{name} {changed}") from None
+    except BaseException:
+        os.rmdir(old)
+        raise
     try:
         os.rename(staging, target)
     except BaseException:
-        os.rename(old, target)
+        try:
+            os.rename(old, target)       # roll back
+        except OSError:                  # another run's output took the place meanwhile
+            _discard(old, warn)
         raise
+    _discard(old, warn)
+
+
+def _discard(old: Path, warn: Callable[[str], None]) -> None:
+    """Delete the previous output set aside, after checking once more that it is exactly what
+    planner wrote (it may have changed between the first check and the rename)."""
     foreign = foreign_entry(old)
     if foreign:
         warn(f"the previous output changed while this one was written (it holds {foreign}); "
              f"kept it at {printable(old)}")
         return
     shutil.rmtree(old)
+
+
+def _is_real_dir(p: Path) -> bool:
+    return p.is_dir() and not os.path.islink(p)
 
 
 def write_plans(plans, out: str, force: bool, inputs: Iterable[Path] = (),
@@ -285,12 +310,12 @@ def write_plans(plans, out: str, force: bool, inputs: Iterable[Path] = (),
         if extra is not None:
             extra(staging)
         _write_manifest(staging)
-        _swap(staging, target, warn)
+        _swap(staging, target, name, force, warn)
     except OSError as exc:
         shutil.rmtree(staging, ignore_errors=True)
-        if exc.errno in (errno.ENOTEMPTY, errno.EEXIST):
-            raise _err("--out", f"{name} was created by someone else while planner wrote; nothing of it "
-                                "was touched, run again") from None
+        if exc.errno in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR, errno.EISDIR):
+            raise _err("--out", f"{name} appeared while planner wrote (another run?); nothing of it was "
+                                "touched, run again") from None
         raise _err("--out", f"cannot write {name}: {exc.strerror or exc}; the previous output (if any) is "
                             "unchanged") from None
     except BaseException:
