@@ -528,7 +528,7 @@ def _error_line(text: str) -> None:
         sys.stdout.flush()
     except (OSError, ValueError):
         pass
-    line = printable(" ".join(str(text).split("\n")).strip())
+    line = printable(str(text).strip())
     sys.stderr.write(line + "\n")
     sys.stderr.flush()
 
@@ -564,7 +564,7 @@ def main() -> None:
         usage, abort = _click_exception_types()
         if isinstance(exc, usage):
             # bad option values and usage: one line, exit 2 (click's own code for usage errors)
-            _error_line(f"error: {exc.format_message()}")
+            _error_line("error: " + " ".join(exc.format_message().split("\n")))
             sys.exit(2)
         if isinstance(exc, abort):
             sys.exit(130)

@@ -282,7 +282,9 @@ def _discard(old: Path, warn: Callable[[str], None]) -> None:
         warn(f"the previous output changed while this one was written (it holds {foreign}); "
              f"kept it at {printable(old)}")
         return
-    shutil.rmtree(old)
+    shutil.rmtree(old, ignore_errors=True)
+    if os.path.lexists(old):
+        warn(f"could not delete the previous output set aside at {printable(old)}")
 
 
 def _is_real_dir(p: Path) -> bool:
