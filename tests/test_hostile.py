@@ -7,8 +7,6 @@ characters in names, the terminal environment, PLANNER_DATA_DIR, sequence parall
 import json
 import os
 import shutil
-import sys
-from pathlib import Path
 
 import pytest
 

@@ -80,8 +80,9 @@ def _protected(real: Path, inputs: Iterable[Path]) -> str | None:
     if cwd is not None and (real == cwd or real in cwd.parents):
         return "is the current folder or holds it"
     try:
-        home = Path(os.path.expanduser("~")).resolve()
-    except (OSError, RuntimeError):
+        home = os.path.expanduser("~")   # stays "~" without $HOME and a password entry
+        home = Path(home).resolve() if home != "~" else None
+    except (OSError, RuntimeError, KeyError):
         home = None
     if home is not None and (real == home or real in home.parents):
         return "is the home folder or holds it"
