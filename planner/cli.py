@@ -274,7 +274,8 @@ def plan(
                                                help="Also try TP groups larger than a node (slow networks make them lose)."),
     emit: Optional[str] = typer.Option(None, "--emit", help="megatron: write launch files"),
     out: Optional[str] = typer.Option(None, "--out", help="Folder for --emit"),
-    force: bool = typer.Option(False, "--force", help="Overwrite an existing --out folder"),
+    force: bool = typer.Option(False, "--force", help="Replace an --out folder planner wrote (only while it holds "
+                                                      "exactly the files of its planner-manifest.json, unchanged)"),
     explain: bool = typer.Option(False, "--explain", help="Explain the top plan and why it beats the runner-up."),
     plot: Optional[str] = typer.Option(None, "--plot", help="Folder for timeline, memory and candidates PNGs (plot extra)."),
     as_json: bool = typer.Option(False, "--json"),
