@@ -44,14 +44,14 @@ def inputs(megatron_log, megatron_args, nccl_tests, nccl_nodes, nccl_gpus_per_no
 
 def run_calibrate(cluster_ref, megatron_log, megatron_args, nccl_tests, nccl_nodes, nccl_gpus_per_node,
                   nccl_group, out, as_json, console) -> int:
-    from ..library import cluster_path
+    from ..library import resolve_cluster_ref
     from ..specs.calibration import parse_calibration
     from ..specs.cluster import base_cluster_from_dict, cluster_from_dict
     from ..yamlio import load_file, load_text
     from .write import check_out_path, document, render, write_atomic
 
     logs, nccl = inputs(megatron_log, megatron_args, nccl_tests, nccl_nodes, nccl_gpus_per_node, nccl_group)
-    cfile = cluster_path(cluster_ref)
+    cfile = resolve_cluster_ref(cluster_ref)
     data = load_file(cfile)
     base = base_cluster_from_dict(data, str(cfile))
     prior = parse_calibration(data["calibration"], str(cfile), base) if data.get("calibration") else None

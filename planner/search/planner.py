@@ -161,6 +161,8 @@ def enumerate_space(model: ModelSpec, cluster: ClusterSpec, o: SearchOptions):
     batch_divisors = _divisors(o.global_batch_size)
     for tp in tps:
         for cp in cps:
+            if tp > 1 and o.seq_length % (cp * tp):
+                continue   # sequence parallelism (on whenever tp > 1) would break: check_structure
             for pp in pps:
                 base = tp * cp * pp
                 if base > N:
