@@ -42,6 +42,11 @@ class Strategy:
     # dgrad GEMMs (Megatron's async_tensor_model_parallel_allreduce, on by default since late
     # 2021 and always on in Megatron-Core; False models the SC'21-era code)
     async_tensor_model_parallel_allreduce: bool = True
+    # pipeline p2p without SP: scatter the activation over the TP ranks before the send and
+    # all-gather it after the receive (Narayanan et al. 2021 sec. 4.1; the legacy
+    # --scatter-gather-tensors-in-pipeline, removed from Megatron-Core in 2023, which sends the
+    # whole tensor from every TP rank)
+    scatter_gather_tensors_in_pipeline: bool = False
     fused_attention: bool = True    # flash/cuDNN fused attention (no s^2 activations)
     offload_optimizer: bool = False
     optimizer_convention: str = "megatron"

@@ -7,8 +7,9 @@ Usage: python validation/calibration.py [--reference PATH] [--json]
   interleaving are not published, so the planner searches them with the published degrees fixed
   (its best, as the authors tuned theirs); TFLOP/s per GPU in their hardware_96 convention.
 Both on Selene (DGX A100 80GB, 8 x 200 Gb/s HDR per node), fp16, unfused softmax and dropout 0.1
-(the models of the time), with the bundled a100-sxm-80g profile: one set of constants, no
-per-run tuning. Prints each row's error and the mean absolute percentage error (MAPE).
+(the models of the time) and the software of the time: pipeline p2p scatter / gather over TP
+(both papers), no asynchronous backward TP all-reduce yet in 2021 (added to Megatron-LM later
+that year), with the bundled a100-sxm-80g profile: one set of constants, no per-run tuning. Prints each row's error and the mean absolute percentage error (MAPE).
 """
 
 from __future__ import annotations
@@ -59,7 +60,8 @@ def korthikanti(ref):
             s = Strategy(tp=r["tp"], pp=r["pp"], dp=dp, micro_batch_size=r["micro_batch"],
                          global_batch_size=r["global_batch"], seq_length=k["seq_length"], recompute=mode,
                          sequence_parallel=(mode == "selective"), zero_stage=0, precision="fp16",
-                         fused_attention=False, overlap_grad_reduce=False, overlap_param_gather=False)
+                         fused_attention=False, overlap_grad_reduce=False, overlap_param_gather=False,
+                         scatter_gather_tensors_in_pipeline=True)
             e = estimate(model, selene(r["gpus"]), s)
             rows.append({"source": "korthikanti2022", "run": f"{r['name']} {mode}", "published": r[key],
                          "predicted": e.step_time_s, "unit": "s/iter"})
@@ -102,7 +104,8 @@ def _search_unfused(model, cluster, opts):
     for e in res.plans:
         # 2021: no sequence parallelism yet, unfused softmax, no DP overlap
         s = replace(e.strategy, fused_attention=False, sequence_parallel=False, overlap_grad_reduce=False,
-                    overlap_param_gather=False, async_tensor_model_parallel_allreduce=False)
+                    overlap_param_gather=False, async_tensor_model_parallel_allreduce=False,
+                    scatter_gather_tensors_in_pipeline=True)
         out.append(estimate(model, cluster, s))
     out.sort(key=lambda e: -e.step_time_s)
     return out

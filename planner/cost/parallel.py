@@ -308,18 +308,18 @@ def stages_share_node(s: Strategy, i: int, j: int, groups_i: list[NodeGroup], gr
 
 
 def pp_message_bytes(model: ModelSpec, s: Strategy) -> float:
-    """Bytes one rank sends per pipeline hop: its 1/tp slice of the [s/cp, b, h] activation.
-    Under SP the tensor is already split along s; without SP every TP rank holds the whole
-    tensor and Megatron scatters it over the TP ranks before the send and all-gathers it after
-    the receive (scatter_gather_tensors_in_pipeline, Narayanan et al. 2021 sec. 4.1), so the
-    slow link carries 1/tp of it either way."""
-    return BYTES_16BIT * s.seq_length / s.cp * s.micro_batch_size * model.hidden_size / s.tp
+    """Bytes one rank sends per pipeline hop. Megatron-Core sends the [s/cp, b, h] activation in
+    the params dtype from every TP rank, split along s over TP only under SP
+    (megatron/core/pipeline_parallel/p2p_communication.py, schedules.py); the legacy scatter /
+    gather (Strategy.scatter_gather_tensors_in_pipeline) sent each rank's 1/tp slice."""
+    full = BYTES_16BIT * s.seq_length / s.cp * s.micro_batch_size * model.hidden_size
+    return full / s.tp if (s.sp or s.scatter_gather_tensors_in_pipeline) else full
 
 
 def pp_gather_s(model: ModelSpec, s: Strategy, groups: list[NodeGroup], cluster: ClusterSpec) -> float:
-    """Without SP: the all-gather over the TP group that rebuilds a received activation (the
-    scatter side is a local slice). Zero under SP or at TP 1."""
-    if s.tp <= 1 or s.sp:
+    """With the legacy scatter / gather and no SP: the all-gather over the TP group that rebuilds
+    a received activation (the scatter side is a local slice). Zero otherwise."""
+    if s.tp <= 1 or s.sp or not s.scatter_gather_tensors_in_pipeline:
         return 0.0
     full = BYTES_16BIT * s.seq_length / s.cp * s.micro_batch_size * model.hidden_size
     return collective_time("all-gather", full, s.tp, group_link(groups, s.tp, 1, cluster))
@@ -344,8 +344,8 @@ def pp_cost(model: ModelSpec, s: Strategy, stage_groups: list[list[NodeGroup]], 
         n_p2p = 2 * s.vpp * m   # per neighbour and chunk: one activation and one gradient transfer
         rows.append((msg, n_p2p, n_p2p * t1, link.bound_by))
     # sends to one neighbour overlap receives from the other (batched isend/irecv): a
-    # micro-batch waits 2 hops per chunk on its slower boundary, each followed by the TP
-    # all-gather that rebuilds the tensor when SP is off
+    # micro-batch waits 2 hops per chunk on its slower boundary (each followed by the TP
+    # all-gather that rebuilds the tensor under the legacy scatter / gather)
     exposed = 2 * s.vpp * (t_pp + pp_gather_s(model, s, groups, cluster))
     total = sum(r[2] for r in rows)
     share = exposed * m / total if total > 0 else 0.0
