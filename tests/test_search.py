@@ -11,7 +11,7 @@ from hypothesis import given, settings, strategies as st
 from planner.estimate import _time_key, estimate
 from planner.errors import InvalidStrategy
 from planner.search.planner import (MICRO_BATCHES, VPP_CHOICES, SearchOptions, _Bounds, _initial_split,
-                                    enumerate_space, search, stage_layouts)
+                                    enumerate_space, search, stage_layouts, with_split)
 from planner.specs.cluster import cluster_from_dict
 from planner.specs.model import model_from_dict
 from planner.strategy import Strategy, check_structure
@@ -48,11 +48,13 @@ OPTIONS = SearchOptions(global_batch_size=16, seq_length=2048, top=1, recompute=
                         zero_stages=(0, 1))
 
 
-def _splits(L, p, v):
+def _splits(L, p, v, uneven=True):
+    """Every contiguous split with at least v layers a stage (one per virtual chunk); with
+    uneven, any count (the chunks of a rank differ by one layer), else multiples of v."""
     for cuts in itertools.combinations(range(1, L), p - 1):
         b = (0,) + cuts + (L,)
         split = tuple(b[i + 1] - b[i] for i in range(p))
-        if all(n % v == 0 for n in split):
+        if min(split) >= v and (uneven or all(n % v == 0 for n in split)):
             yield split
 
 
@@ -66,7 +68,7 @@ def _space(model, cluster, o):
                         continue
                     m = o.global_batch_size // (mbs * dp)
                     for vpp in VPP_CHOICES:
-                        if vpp > 1 and (pp < 2 or m % pp):
+                        if vpp > 1 and (pp < 2 or m % pp or not o.uneven_chunks and model.num_layers % vpp):
                             continue
                         for rec in o.recompute:
                             for z in o.zero_stages:
@@ -78,17 +80,35 @@ def _space(model, cluster, o):
                                     schedule="interleaved" if vpp > 1 else "1f1b",
                                     stage_node_groups=groups if cluster.is_heterogeneous else None,
                                     overlap_grad_reduce=True, overlap_param_gather=z >= 1)
-                                for split in _splits(model.num_layers, pp, vpp):
-                                    yield s.with_(layers_per_stage=split)
+                                for split in _splits(model.num_layers, pp, vpp, o.uneven_chunks):
+                                    yield with_split(s, split)
                                 if rec != "full":
                                     continue
                                 # full recompute of k layers per chunk: on the starting split only
                                 # (the search's definition; the partition is not re-solved for it)
-                                valid, split = _initial_split(model, cluster, s, groups)
+                                valid, split = _initial_split(model, cluster, s, groups, uneven=False)
                                 if valid:
                                     per_chunk = min(split or s.stage_layers(model)) // vpp
                                     for k in range(1, per_chunk):
                                         yield s.with_(recompute_num_layers=k, layers_per_stage=split)
+
+
+def _assert_bounds(bounds, cluster, s, plain, e, extra_s=None):
+    """Every bound the search prunes with, from the family down to the candidate, is at most
+    the estimate, whatever the split; the vectorised children bounds do not exceed `candidate`
+    (which adds whole-layer integrality)."""
+    tk = _time_key(plain)
+    groups = s.stage_node_groups or (cluster.node_groups[0].name,) * s.pp
+    layouts = stage_layouts(cluster, s.gpus_per_stage, s.pp)
+    step = e.step_time_s * (1 + 1e-9)
+    cand = bounds.candidate(plain, tk, groups, extra_s=extra_s)
+    assert cand <= step, s
+    assert bounds.cell(plain, tk, groups, (s.vpp,), (s.zero_stage,)) <= step, s
+    caps = bounds.stage_caps(s.gpus_per_stage, s.pp, layouts)
+    assert bounds.family(plain, tk, s.pp, s.num_microbatches, s.gpus_per_stage, caps, s.vpp) <= step, s
+    if extra_s is None:
+        [(child, _, _, _)] = bounds.children(plain, tk, (groups,), (s.vpp,), (s.zero_stage,))
+        assert child <= cand * (1 + 1e-9)   # the closed form without whole layers
 
 
 def _brute_force(model, cluster, o):
@@ -102,15 +122,10 @@ def _brute_force(model, cluster, o):
         n_all += 1
         groups = s.stage_node_groups or (cluster.node_groups[0].name,) * s.pp
         if s.recompute_num_layers is None:
-            tk = _time_key(s)
-            # the bounds the search prunes with hold for every split
-            assert bounds.candidate(s, tk, groups) <= e.step_time_s * (1 + 1e-9), s
-            assert bounds.cell(s, tk, groups) <= e.step_time_s * (1 + 1e-9), s
+            _assert_bounds(bounds, cluster, s, s, e)
         else:   # a block-recompute child: bounded on the plain costs plus its recompute
             plain = s.with_(recompute="none", recompute_num_layers=None)
-            lb = bounds.candidate(plain, _time_key(plain), groups, extra_s=bounds.recompute_extra(s, groups))
-            assert bounds.cell(plain, _time_key(plain), groups) <= e.step_time_s * (1 + 1e-9), s
-            assert lb <= e.step_time_s * (1 + 1e-9), s
+            _assert_bounds(bounds, cluster, s, plain, e, bounds.recompute_extra(s, groups))
         if e.fits:
             n_fit += 1
             if best is None or e.step_time_s < best.step_time_s:
