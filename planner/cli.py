@@ -11,13 +11,39 @@ import typer
 from rich.console import Console
 
 from .errors import InvalidStrategy, PlannerError, SpecError
+from .inputs import MAX_COUNT, MAX_DEGREE, int_option, printable, terminal_size
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Auto-parallel planner for large-model training (Megatron-LM).")
-# Piped output (CI logs, files) gets a wide fixed width instead of rich's 80 columns, so tables
-# do not fold; messages never wrap: an error is one line.
-console = Console(width=None if sys.stdout.isatty() else int(os.environ.get("COLUMNS") or 160), soft_wrap=True)
-err_console = Console(stderr=True, soft_wrap=True)
+
+
+class _Console(Console):
+    """A rich console that escapes control characters in the text it is given (file names
+    are echoed: an ESC or a newline in one must not reach the terminal raw). On stderr every
+    message is one line, so newlines are escaped too."""
+
+    def __init__(self, *, one_line: bool, **kw):
+        super().__init__(**kw)
+        self._one_line = one_line
+
+    def print(self, *objects, **kw):
+        if self._one_line:
+            objects = tuple(printable(o) if isinstance(o, str) else o for o in objects)
+        else:
+            objects = tuple("\n".join(map(printable, o.split("\n"))) if isinstance(o, str) else o
+                            for o in objects)
+        super().print(*objects, **kw)
+
+
+def _make_console(stderr: bool) -> Console:
+    # The size comes from inputs.terminal_size (COLUMNS=abc, 0 or -5 fall back to the terminal's
+    # size, or 160 columns on a pipe so that tables do not fold); messages never wrap.
+    cols, lines = terminal_size(os.environ, 2 if stderr else 1)
+    return _Console(one_line=stderr, stderr=stderr, width=cols, height=lines, soft_wrap=True)
+
+
+console = _make_console(stderr=False)
+err_console = _make_console(stderr=True)
 _DEBUG = {"on": False}
 
 
@@ -80,6 +106,12 @@ def _strategy_from_options(model, cluster, tp, pp, dp, cp, ep, etp, vpp, mbs, gb
                            stage_groups, offload):
     from .strategy import PRECISIONS, RECOMPUTE, SCHEDULES, Strategy
     from .yamlio import suggest
+    for flag, value, hi in (("--tp", tp, MAX_DEGREE), ("--pp", pp, MAX_DEGREE), ("--dp", dp, MAX_DEGREE),
+                            ("--cp", cp, MAX_DEGREE), ("--ep", ep, MAX_DEGREE), ("--etp", etp, MAX_DEGREE),
+                            ("--vpp", vpp, MAX_DEGREE), ("--micro-batch-size", mbs, MAX_DEGREE),
+                            ("--global-batch-size", gbs, MAX_COUNT), ("--seq-length", seq, MAX_COUNT),
+                            ("--recompute-num-layers", recompute_num_layers, MAX_DEGREE)):
+        int_option(flag, value, 1, hi)
     for flag, value, choices in (("--precision", precision, PRECISIONS), ("--recompute", recompute, RECOMPUTE),
                                  ("--schedule", schedule, SCHEDULES + (None,)), ("--zero", zero, (0, 1, 2, 3))):
         if value not in choices:
@@ -97,8 +129,10 @@ def _strategy_from_options(model, cluster, tp, pp, dp, cp, ep, etp, vpp, mbs, gb
     if layers_per_stage:
         try:
             lps = tuple(int(x) for x in layers_per_stage.split(","))
-        except ValueError:
-            raise SpecError("--layers-per-stage", None, f"found {layers_per_stage!r}, expected e.g. 20,20,22,18") from None
+            assert all(1 <= n <= MAX_DEGREE for n in lps)
+        except (ValueError, AssertionError):
+            raise SpecError("--layers-per-stage", None, f"found {layers_per_stage!r}, expected positive layer "
+                            "counts, e.g. 20,20,22,18") from None
     groups = tuple(stage_groups.split(",")) if stage_groups else None
     return Strategy(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, etp=etp, vpp=vpp, micro_batch_size=mbs,
                     global_batch_size=gbs, seq_length=seq, recompute=recompute,
@@ -136,6 +170,9 @@ def estimate(
     from .estimate import estimate as run_estimate
     from .emit.report import estimate_to_dict, render_estimate
     from .library import load_cluster_ref, load_model_ref
+    if plot is not None:
+        from .emit.writer import check_plot_folder
+        check_plot_folder(plot)
     c = load_cluster_ref(cluster)
     if megatron_args:
         from .emit.megatron_parse import parse_file
@@ -159,40 +196,56 @@ def estimate(
         if explain:
             from .emit.explain import render_explain
             render_explain(e, console)
-    if plot:
+    if plot is not None:
         _write_plots(plot, e, None, as_json)
     raise typer.Exit(0 if e.fits else 1)
 
 
-def _write_plots(folder: str, e, priced, quiet: bool) -> None:
+def _plots_into(folder, e, priced) -> list:
     from pathlib import Path
 
     from .emit import plots
     out = [plots.timeline(e, Path(folder) / "timeline.png"), plots.memory(e, Path(folder) / "memory.png")]
     if priced:
         out.append(plots.candidates(priced, Path(folder) / "candidates.png"))
+    return out
+
+
+def _write_plots(folder: str, e, priced, quiet: bool) -> None:
+    try:
+        out = _plots_into(folder, e, priced)
+    except OSError as exc:
+        raise SpecError("--plot", None, f"cannot write in {printable(folder)}: {exc.strerror or exc}") from None
     if not quiet:
         for f in out:
             console.print(f"wrote {f}", markup=False)
 
 
 # --fix NAME=VALUE: the pinnable choices and their values (degrees bounded like spec counts)
-FIX_MAX_DEGREE = 1_000_000
+FIX_MAX_DEGREE = MAX_DEGREE
 
 
 def _parse_fix(items: list[str]) -> tuple:
     from .strategy import RECOMPUTE
     from .yamlio import suggest
     allowed = ("tp", "pp", "dp", "cp", "ep", "etp", "vpp", "mbs", "recompute", "zero")
-    out = []
+    out: dict = {}
+
+    def pin(k, value):
+        # the same choice pinned twice to different values is a contradiction, not "the last wins"
+        if k in out and out[k] != value:
+            raise SpecError("--fix", k, f"pinned twice, to {k}={out[k]} and {k}={value}; give one value")
+        out[k] = value
+
     for it in items or []:
         k, _, v = it.partition("=")
         if k not in allowed or not v:
-            raise SpecError("--fix", k, f"expected NAME=VALUE with NAME one of {', '.join(allowed)}{suggest(k, allowed)}")
+            raise SpecError("--fix", printable(k), f"expected NAME=VALUE with NAME one of {', '.join(allowed)}"
+                            f"{suggest(k, allowed)}")
         if k == "recompute":
             if v not in RECOMPUTE:
                 raise SpecError("--fix", k, f"found {v!r}, expected one of {', '.join(RECOMPUTE)}{suggest(v, RECOMPUTE)}")
-            out.append((k, v))
+            pin(k, v)
             continue
         try:
             n = int(v)
@@ -201,8 +254,8 @@ def _parse_fix(items: list[str]) -> tuple:
         lo, hi = (0, 3) if k == "zero" else (1, FIX_MAX_DEGREE)
         if not lo <= n <= hi:
             raise SpecError("--fix", k, f"found {n}, expected an integer in [{lo}, {hi}]")
-        out.append((k, n))
-    return tuple(out)
+        pin(k, n)
+    return tuple(out.items())
 
 
 @app.command()
@@ -221,14 +274,15 @@ def plan(
                                                help="Also try TP groups larger than a node (slow networks make them lose)."),
     emit: Optional[str] = typer.Option(None, "--emit", help="megatron: write launch files"),
     out: Optional[str] = typer.Option(None, "--out", help="Folder for --emit"),
-    force: bool = typer.Option(False, "--force", help="Overwrite an existing --out folder"),
+    force: bool = typer.Option(False, "--force", help="Replace an --out folder planner wrote (only while it holds "
+                                                      "exactly the files of its planner-manifest.json, unchanged)"),
     explain: bool = typer.Option(False, "--explain", help="Explain the top plan and why it beats the runner-up."),
     plot: Optional[str] = typer.Option(None, "--plot", help="Folder for timeline, memory and candidates PNGs (plot extra)."),
     as_json: bool = typer.Option(False, "--json"),
 ):
     """Search the best DP/TP/PP/CP/EP layout, micro-batch, recompute, ZeRO and stage split."""
     from .emit.report import estimate_to_dict
-    from .library import load_cluster_ref, load_model_ref
+    from .library import load_cluster_ref, load_model_ref, resolve_cluster_ref, resolve_model_ref
     from .search.planner import SearchOptions, search
     from .strategy import PRECISIONS
     if precision not in PRECISIONS:
@@ -237,13 +291,12 @@ def plan(
         raise SpecError("--solver", None, f"found {solver!r}, expected dp, ilp or ilp-highs")
     if emit not in (None, "megatron"):
         raise SpecError("--emit", None, f"found {emit!r}, expected 'megatron'")
-    if emit and not out:
+    if emit and out is None:
         raise SpecError("--out", None, "required with --emit")
-    if out and os.path.exists(out) and os.listdir(out) and not force:
-        raise SpecError(out, None, "output folder exists and is not empty; pass --force to overwrite")
-    for name, v in (("--global-batch-size", global_batch_size), ("--seq-length", seq_length)):
-        if v < 1 or v > 10**8:
-            raise SpecError(name, None, f"found {v}, expected an integer in [1, 1e8]")
+    if out is not None and not emit:
+        raise SpecError("--out", None, "needs --emit megatron (nothing else is written there)")
+    int_option("--global-batch-size", global_batch_size, 1, MAX_COUNT)
+    int_option("--seq-length", seq_length, 1, MAX_COUNT)
     if not time_limit > 0:
         raise SpecError("--time-limit", None, f"found {time_limit:g}, expected seconds > 0")
     try:
@@ -251,10 +304,19 @@ def plan(
         assert all(z in (0, 1, 2, 3) for z in zs)
     except (ValueError, AssertionError):
         raise SpecError("--zero-stages", None, f"found {zero!r}, expected e.g. 0,1") from None
+    fixed = _parse_fix(fix)
+    # every input and output checked before the search (which may take minutes)
+    model_file, cluster_file = resolve_model_ref(model), resolve_cluster_ref(cluster)
+    if out is not None:
+        from .emit.writer import check_out_folder
+        check_out_folder(out, force, (model_file, cluster_file))
+    if plot is not None:
+        from .emit.writer import check_plot_folder
+        check_plot_folder(plot)
     m = load_model_ref(model)
     c = load_cluster_ref(cluster)
     opts = SearchOptions(global_batch_size=global_batch_size, seq_length=seq_length, top=top,
-                         fixed=_parse_fix(fix), precision=precision, zero_stages=zs, solver=solver,
+                         fixed=fixed, precision=precision, zero_stages=zs, solver=solver,
                          time_limit_s=time_limit, allow_tp_across_nodes=allow_tp_across_nodes)
     if as_json:
         res = search(m, c, opts)
@@ -273,9 +335,19 @@ def plan(
         _report_no_fit(res, m, c, as_json, search_info, opts.fixed)
         raise typer.Exit(1)
     written = []
+    plot_done = False
     if emit == "megatron":
         from .emit.writer import write_plans
-        written = write_plans(res.plans, out, force)
+        extra = None
+        rel = _inside(plot, out) if plot is not None else None
+        if rel is not None:
+            # --plot inside --out: the pictures are part of the output folder that is swapped in
+            # as a whole (and listed in its manifest), so a later --force may replace them
+            def extra(staged):
+                _plots_into(staged / rel, res.plans[0], res.priced_estimates)
+            plot_done = True
+        written = write_plans(res.plans, out, force, (model_file, cluster_file), extra=extra,
+                              warn=lambda w: err_console.print(f"warning: {w}", markup=False))
     if as_json:
         doc = {"search": search_info, "plans": [], "idle_node_groups": res.idle_groups}
         for e in res.plans:
@@ -288,16 +360,30 @@ def plan(
     else:
         _render_plans(res, m, c, search_info)
         for w in written:
-            console.print(f"wrote {w}")
+            console.print(f"wrote {w}", markup=False)
         if explain:
             from .emit.explain import render_difference, render_explain
             console.print("\n[bold]Plan #1[/]")
             render_explain(res.plans[0], console)
             if len(res.plans) > 1:
                 render_difference(res.plans[0], res.plans[1], console)
-    if plot:
+    if plot is not None and not plot_done:
         _write_plots(plot, res.plans[0], res.priced_estimates, as_json)
+    elif plot_done and not as_json:
+        console.print(f"wrote the plots into {plot}", markup=False)
     raise typer.Exit(0)
+
+
+def _inside(path: str, folder: str):
+    """path relative to folder when path is folder or inside it (both may not exist yet), else None."""
+    from pathlib import Path
+    a, b = Path(os.path.abspath(path)), Path(os.path.abspath(folder))
+    try:
+        a = a.parent.resolve() / a.name
+        b = b.parent.resolve() / b.name
+    except (OSError, RuntimeError):
+        return None
+    return a.relative_to(b) if a == b or b in a.parents else None
 
 
 def _render_plans(res, m, c, info) -> None:
@@ -344,7 +430,7 @@ def _report_no_fit(res, m, c, as_json, info, fixed=()) -> None:
         if as_json:
             _print_json(msg)
         else:
-            err_console.print(f"error: {text}", markup=False)
+            _error_line(f"error: {text}")
         return
     if e is not None:
         worst = max(e.memory, key=lambda x: x.total - x.capacity)
@@ -375,7 +461,7 @@ def _report_no_fit(res, m, c, as_json, info, fixed=()) -> None:
     if as_json:
         _print_json(msg)
     else:
-        err_console.print(f"error: {text}", markup=False)
+        _error_line(f"error: {text}")
 
 
 @app.command()
@@ -422,6 +508,25 @@ def check(
     raise typer.Exit(code)
 
 
+@app.command()
+def calibrate(
+    cluster: str = typer.Option(..., "--cluster", help="Cluster YAML path or bundled name."),
+    megatron_log: Optional[List[str]] = typer.Option(None, "--megatron-log", help="A Megatron-LM training log (repeat; each with its --megatron-args)."),
+    megatron_args: Optional[List[str]] = typer.Option(None, "--megatron-args", help="The launch that produced the log (anything `planner check` reads)."),
+    nccl_tests: Optional[List[str]] = typer.Option(None, "--nccl-tests", help="nccl-tests output (repeat; each with its --nccl-nodes)."),
+    nccl_nodes: Optional[List[int]] = typer.Option(None, "--nccl-nodes", help="Nodes the nccl-tests run used."),
+    nccl_gpus_per_node: Optional[List[int]] = typer.Option(None, "--nccl-gpus-per-node", help="GPUs per node it used (default: its device report, else the node group's)."),
+    nccl_group: Optional[List[str]] = typer.Option(None, "--nccl-group", help="Node group it ran on (a,b across two); needed when the cluster has several."),
+    out: str = typer.Option(..., "--out", help="The calibrated cluster YAML to write."),
+    as_json: bool = typer.Option(False, "--json"),
+):
+    """Learn the cluster from its own Megatron-LM logs and nccl-tests output: write a calibrated
+    cluster YAML that plan, estimate and check accept."""
+    from .calibrate.command import run_calibrate
+    raise typer.Exit(run_calibrate(cluster, megatron_log, megatron_args, nccl_tests, nccl_nodes, nccl_gpus_per_node,
+                                   nccl_group, out, as_json, console))
+
+
 def _click_exception_types():
     """click's exception classes: typer >= 0.20 vendors click as typer._click (and plain click
     may not be installed at all); older typer uses click itself. Whichever are importable."""
@@ -438,8 +543,33 @@ def _click_exception_types():
     return tuple(usage), tuple(abort)
 
 
+def _error_line(text: str) -> None:
+    """Write one error line to stderr, plain: not through rich, so that no terminal width,
+    TERM or colour setting can fold, colour or swallow it; control characters escaped, no
+    leading blank line."""
+    try:
+        sys.stdout.flush()
+    except (OSError, ValueError):
+        pass
+    line = printable(str(text).strip())
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()
+
+
+def _tolerant_streams() -> None:
+    # a non-UTF-8 locale (LC_ALL=C with PYTHONUTF8=0, PYTHONIOENCODING=ascii) must not turn a
+    # verdict with a non-ASCII file name into a UnicodeEncodeError: unencodable characters are
+    # written as escapes instead
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.reconfigure(errors="backslashreplace")
+        except (AttributeError, ValueError, OSError):
+            pass
+
+
 def main() -> None:
     """Entry point: every expected error is one line and exit 2 (1 for invalid/does-not-fit)."""
+    _tolerant_streams()
     try:
         rc = app(standalone_mode=False)   # click returns the code of a typer.Exit here
         sys.exit(rc if isinstance(rc, int) else 0)
@@ -448,23 +578,22 @@ def main() -> None:
     except SystemExit:
         raise
     except KeyboardInterrupt:
-        err_console.print("interrupted", markup=False)
+        _error_line("interrupted")
         sys.exit(130)
     except PlannerError as exc:
-        err_console.print(f"error: {exc}", markup=False, highlight=False)
+        _error_line(f"error: {exc}")
         sys.exit(exc.exit_code)
     except Exception as exc:  # noqa: BLE001 - the top-level handler of a CLI
         usage, abort = _click_exception_types()
         if isinstance(exc, usage):
             # bad option values and usage: one line, exit 2 (click's own code for usage errors)
-            err_console.print(f"error: {exc.format_message()}", markup=False, highlight=False)
+            _error_line("error: " + " ".join(exc.format_message().split("\n")))
             sys.exit(2)
         if isinstance(exc, abort):
             sys.exit(130)
         if _DEBUG["on"] or "--debug" in sys.argv:
             raise
-        err_console.print(f"error: unexpected {type(exc).__name__}: {exc} (run with --debug for details)",
-                          markup=False, highlight=False)
+        _error_line(f"error: unexpected {type(exc).__name__}: {exc} (run with --debug for details)")
         sys.exit(2)
 
 

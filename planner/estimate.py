@@ -149,7 +149,10 @@ def _time_key(s: Strategy) -> Strategy:
     """The fields a layer's compute time depends on (for caching across the search)."""
     return Strategy(tp=s.tp, cp=s.cp, ep=s.ep, etp=s.etp, micro_batch_size=s.micro_batch_size,
                     seq_length=s.seq_length, recompute=s.recompute, sequence_parallel=s.sequence_parallel,
-                    precision=s.precision, fused_attention=s.fused_attention)
+                    precision=s.precision, fused_attention=s.fused_attention, recompute_modules=s.recompute_modules,
+                    fp8_recipe=s.fp8_recipe, moe_token_dispatcher_type=s.moe_token_dispatcher_type,
+                    moe_pad_expert_input_to_capacity=s.moe_pad_expert_input_to_capacity,
+                    cuda_graph_impl=s.cuda_graph_impl, cuda_graph_scope=s.cuda_graph_scope)
 
 
 
@@ -185,6 +188,7 @@ def stage_compute(model: ModelSpec, s: Strategy, i: int, start: int, end: int, g
         bwd = (n_dense * (lt_d.backward_input + lt_d.backward_weight + lt_d.recompute)
                + n_moe * (lt_m.backward_input + lt_m.backward_weight + lt_m.recompute)
                - skip_dense * lt_d.recompute - skip_moe * lt_m.recompute)
+        f, bwd = host_bound(f, bwd, [(n_dense, lt_d), (n_moe, lt_m)])
         w = n_dense * lt_d.backward_weight + n_moe * lt_m.backward_weight
         core = n_dense * lt_d.core_attention_forward + n_moe * lt_m.core_attention_forward
         if i == 0:
@@ -196,6 +200,23 @@ def stage_compute(model: ModelSpec, s: Strategy, i: int, start: int, end: int, g
         if best is None or f + bwd > best.forward_s + best.backward_s:
             best = StageCompute(f, bwd, w, core, g, (skip_dense, skip_moe), len(full_set))
     return best
+
+
+def host_bound(forward_s: float, backward_s: float, layers) -> tuple[float, float]:
+    """Per micro-batch forward and backward seconds once the host's kernel launches are counted
+    (layers: [(count, LayerTime)]). The host runs ahead of the GPU unless it must wait: then
+    a segment takes max(GPU time, host time). A dropless MoE layer waits once per forward for
+    its token counts (the all-to-all splits and grouped-GEMM sizes are host integers,
+    megatron/core/transformer/moe/token_dispatcher.py), so each such layer's forward is its own
+    segment; the rest of the forward, and the backward, are one segment each."""
+    host_f = sum(n * lt.host_forward for n, lt in layers if not lt.host_synced)
+    gpu_f_free = sum(n * lt.forward for n, lt in layers if not lt.host_synced)
+    synced = sum(n * max(lt.forward, lt.host_forward) for n, lt in layers if lt.host_synced)
+    synced_gpu = sum(n * lt.forward for n, lt in layers if lt.host_synced)
+    other_gpu = forward_s - gpu_f_free - synced_gpu          # embedding, output layer
+    forward = synced + max(gpu_f_free + other_gpu, host_f)
+    host_b = sum(n * lt.host_backward for n, lt in layers)
+    return forward, max(backward_s, host_b)
 
 
 def _layer_counts(n_dense: int, n_moe: int, full: bool, skip_dense: int, skip_moe: int) -> dict:

@@ -64,6 +64,9 @@ class Strategy:
     moe_grouped_gemm: bool = True
     moe_pad_expert_input_to_capacity: bool = False
     use_precision_aware_optimizer: bool = False
+    # ---- CUDA graphs (--cuda-graph-impl none | local | transformer_engine, --cuda-graph-scope)
+    cuda_graph_impl: str = "none"
+    cuda_graph_scope: tuple[str, ...] = ()
     moe_router_dtype: str = "bf16"          # --moe-router-dtype (fp32 | fp64 | unset = params dtype)
     moe_permute_fusion: bool = False        # --moe-permute-fusion (TE fused permute: a larger map)
     overlap_moe_expert_parallel_comm: bool = False
@@ -193,6 +196,14 @@ def check_structure(s: Strategy, model: ModelSpec) -> None:
     if s.cp > 1 and s.seq_length % (2 * s.cp) != 0:
         raise InvalidStrategy("seq-divisible-by-2cp",
                               f"seq_length {s.seq_length} must be a multiple of 2 x cp ({2 * s.cp})")
+    if s.sp and s.seq_length % (s.cp * s.tp) != 0:
+        # sequence parallelism scatters each rank's seq_length / cp tokens over the TP group:
+        # megatron/core/tensor_parallel/mappings.py (_split_along_first_dim, reduce-scatter)
+        # asserts the first dimension divisible by the TP size, in the first step
+        raise InvalidStrategy("sp-seq-divisible-by-tp",
+                              f"sequence parallelism needs seq_length / cp ({s.seq_length} / {s.cp}) to be a multiple "
+                              f"of tp ({s.tp}); use a sequence length divisible by {s.cp * s.tp}, or no sequence "
+                              "parallelism")
     layers = s.stage_layers(model)
     if len(layers) != s.pp or sum(layers) != model.num_layers or min(layers) < 1:
         raise InvalidStrategy("layer-split",

@@ -6,6 +6,7 @@ binary prefixes (KiB, MiB, GiB, TiB) are powers of 2.
 
 from __future__ import annotations
 
+import math
 import re
 
 _NUM = r"([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)"
@@ -27,8 +28,31 @@ _SIZE_UNITS = {
 }
 
 
+# Sane ranges: a quantity outside is refused as a unit slip or a typo (and inf / nan always:
+# '1e400 Gb/s' parses to inf, '1e-300 Gb/s' would make a step of 1e52 s).
+# Bandwidth: from 1 Mb/s (below the slowest Ethernet still in use, 10 Mb/s; no collective of a
+# training job runs on less) to 1 PB/s (over 100x the fastest memory shipped, B200 HBM3e 8 TB/s).
+MIN_BANDWIDTH_BYTES_PER_S = 1e6 / 8
+MAX_BANDWIDTH_BYTES_PER_S = 1e15
+# Time (link latencies, per-kernel overheads): from 0 to 1 s (ten times a round trip around the
+# earth through fibre, about 0.1 s).
+MAX_TIME_S = 1.0
+# Size (device, host memory, reserves): from 1 MB (less than any GPU's or host's memory has
+# been for decades) to 1 PB (over 1000x the largest GPU or node memory of today).
+MIN_SIZE_BYTES = 1e6
+MAX_SIZE_BYTES = 1e15
+
+
 class UnitError(ValueError):
     pass
+
+
+def _bounded(x: float, text: object, kind: str, lo: float, hi: float, lo_text: str, hi_text: str) -> float:
+    if not math.isfinite(x):
+        raise UnitError(f"found {text!r}, not a finite {kind}")
+    if not lo <= x <= hi:
+        raise UnitError(f"found {text!r}, expected a {kind} from {lo_text} to {hi_text}")
+    return x
 
 
 def _split(text: object, kind: str, examples: str) -> tuple[float, str]:
@@ -48,10 +72,8 @@ def parse_bandwidth(text: object) -> float:
     if unit not in _BANDWIDTH_UNITS:
         raise UnitError(f"unknown bandwidth unit {unit!r} in {text!r}; expected one of "
                         "Gb/s, GB/s, Mb/s, MB/s, Tb/s, TB/s")
-    bw = value * _BANDWIDTH_UNITS[unit]
-    if bw <= 0:
-        raise UnitError(f"found {text!r}, expected a bandwidth > 0")
-    return bw
+    return _bounded(value * _BANDWIDTH_UNITS[unit], text, "bandwidth", MIN_BANDWIDTH_BYTES_PER_S,
+                    MAX_BANDWIDTH_BYTES_PER_S, "1 Mb/s", "1 PB/s")
 
 
 def parse_time(text: object) -> float:
@@ -59,10 +81,7 @@ def parse_time(text: object) -> float:
     value, unit = _split(text, "time", "'5 us', '2 ms'")
     if unit not in _TIME_UNITS:
         raise UnitError(f"unknown time unit {unit!r} in {text!r}; expected one of ns, us, ms, s")
-    t = value * _TIME_UNITS[unit]
-    if t < 0:
-        raise UnitError(f"found {text!r}, expected a time >= 0")
-    return t
+    return _bounded(value * _TIME_UNITS[unit], text, "time", 0.0, MAX_TIME_S, "0", "1 s")
 
 
 def parse_size(text: object) -> float:
@@ -71,10 +90,7 @@ def parse_size(text: object) -> float:
     if unit not in _SIZE_UNITS:
         raise UnitError(f"unknown size unit {unit!r} in {text!r}; expected one of B, KB, MB, GB, "
                         "TB, KiB, MiB, GiB, TiB")
-    size = value * _SIZE_UNITS[unit]
-    if size <= 0:
-        raise UnitError(f"found {text!r}, expected a size > 0")
-    return size
+    return _bounded(value * _SIZE_UNITS[unit], text, "size", MIN_SIZE_BYTES, MAX_SIZE_BYTES, "1 MB", "1 PB")
 
 
 GIB = 2**30

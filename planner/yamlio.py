@@ -10,19 +10,30 @@ from typing import Any
 import yaml
 
 from .errors import SpecError
+from .inputs import printable, read_regular_file
 
 MAX_FILE_BYTES = 4 * 2**20  # a spec is a few KiB; anything beyond 4 MiB is not a spec
 MAX_ALIASES = 64            # bounds alias expansion ("billion laughs")
 MAX_NODES = 200_000         # bounds the composed document
+# A spec nests at most four levels (cluster -> node_groups -> [i] -> field); 64 leaves room for
+# any hand-written layout while keeping the recursive composer (and json) far from Python's
+# recursion limit (1000), which deep nesting would otherwise hit as a RecursionError.
+MAX_DEPTH = 64
+
+
+class _DuplicateKey(yaml.YAMLError):
+    pass
 
 
 class _BoundedLoader(yaml.SafeLoader):
-    """SafeLoader (no object-building tags) that counts aliases and nodes while composing."""
+    """SafeLoader (no object-building tags) that counts aliases, nodes and nesting depth while
+    composing, and refuses a key given twice in one mapping (PyYAML lets the last one win)."""
 
     def __init__(self, stream):
         super().__init__(stream)
         self._aliases = 0
         self._nodes = 0
+        self._depth = 0
 
     def compose_node(self, parent, index):
         if self.check_event(yaml.AliasEvent):
@@ -32,7 +43,32 @@ class _BoundedLoader(yaml.SafeLoader):
         self._nodes += 1
         if self._nodes > MAX_NODES:
             raise yaml.YAMLError(f"more than {MAX_NODES} nodes")
-        return super().compose_node(parent, index)
+        self._depth += 1
+        try:
+            if self._depth > MAX_DEPTH:
+                mark = self.peek_event().start_mark
+                raise yaml.YAMLError(f"nested deeper than {MAX_DEPTH} levels (line {mark.line + 1})")
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+    def construct_mapping(self, node, deep=False):
+        if isinstance(node, yaml.MappingNode):
+            first: dict = {}
+            for key_node, _ in node.value:
+                if not isinstance(key_node, yaml.ScalarNode) or key_node.tag == "tag:yaml.org,2002:merge":
+                    continue   # merge keys ('<<') may be overridden; non-text keys are refused later
+                key = self.construct_object(key_node)
+                line = key_node.start_mark.line + 1
+                try:
+                    again = key in first
+                except TypeError:
+                    continue
+                if again:
+                    raise _DuplicateKey(f"duplicate key {printable(key)!r} at line {line} "
+                                        f"(first at line {first[key]}); give each key once")
+                first[key] = line
+        return super().construct_mapping(node, deep)
 
 
 def _count_expanded(obj: Any, budget: list[int]) -> None:
@@ -49,6 +85,7 @@ def _count_expanded(obj: Any, budget: list[int]) -> None:
 
 
 def load_text(text: str, source: str) -> Any:
+    source = printable(source)
     if len(text.encode("utf-8", "replace")) > MAX_FILE_BYTES:
         raise SpecError(source, None, f"file larger than {MAX_FILE_BYTES} bytes; not a spec")
     try:
@@ -58,31 +95,80 @@ def load_text(text: str, source: str) -> Any:
         finally:
             loader.dispose()
         _count_expanded(data, [MAX_NODES])
+    except _DuplicateKey as exc:
+        raise SpecError(source, None, str(exc)) from None
     except yaml.YAMLError as exc:
-        msg = " ".join(str(exc).split())
-        raise SpecError(source, None, f"not valid YAML: {msg}") from None
+        raise SpecError(source, None, f"not valid YAML: {printable(_yaml_problem(exc))}") from None
     return data
 
 
-def load_file(path: str | Path) -> Any:
-    """Load a YAML (or JSON, which is YAML) file safely; errors name the file."""
-    p = Path(path)
-    if not p.is_file():
-        raise SpecError(str(path), None, "file not found")
+def _yaml_problem(exc: yaml.YAMLError) -> str:
+    """PyYAML's error as one short line: what, where (its own text quotes the source lines)."""
+    mark = getattr(exc, "problem_mark", None)
+    problem = getattr(exc, "problem", None)
+    if mark is None or not problem:
+        return " ".join(str(exc).split())
+    context = getattr(exc, "context", None)
+    return f"{context + ': ' if context else ''}{problem} (line {mark.line + 1}, column {mark.column + 1})"
+
+
+def _json_depth(text: str) -> int:
+    """Deepest nesting of [ and { outside strings (json.loads recurses once per level)."""
+    depth = deepest = 0
+    in_str = escaped = False
+    for ch in text:
+        if in_str:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == '"':
+                in_str = False
+        elif ch == '"':
+            in_str = True
+        elif ch in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif ch in "]}":
+            depth -= 1
+    return deepest
+
+
+def _json_object(pairs: list) -> dict:
+    out: dict = {}
+    for k, v in pairs:
+        if k in out:
+            raise _DuplicateKey(f"duplicate key {printable(k)!r}; give each key once")
+        out[k] = v
+    return out
+
+
+def load_json_text(text: str, source: str) -> Any:
+    source = printable(source)
+    if _json_depth(text) > MAX_DEPTH:
+        raise SpecError(source, None, f"not valid JSON for a spec: nested deeper than {MAX_DEPTH} levels")
     try:
-        size = p.stat().st_size
-        if size > MAX_FILE_BYTES:
-            raise SpecError(str(path), None, f"file is {size} bytes, larger than {MAX_FILE_BYTES}")
-        text = p.read_text(encoding="utf-8")
+        data = json.loads(text, object_pairs_hook=_json_object)
+        _count_expanded(data, [MAX_NODES])
+    except _DuplicateKey as exc:
+        raise SpecError(source, None, str(exc)) from None
+    except json.JSONDecodeError as exc:
+        raise SpecError(source, None, f"not valid JSON: {printable(exc)}") from None
+    except yaml.YAMLError as exc:
+        raise SpecError(source, None, f"not valid JSON for a spec: {exc}") from None
+    return data
+
+
+def load_file(path: str | Path, expected: str = "a YAML or JSON spec file") -> Any:
+    """Load a YAML (or JSON) spec file safely: a regular file of bounded size, UTF-8, bounded
+    nesting, no duplicate keys; errors name the file."""
+    raw = read_regular_file(path, MAX_FILE_BYTES, expected)
+    try:
+        text = raw.decode("utf-8-sig")
     except UnicodeDecodeError:
-        raise SpecError(str(path), None, "not UTF-8 text") from None
-    except OSError as exc:
-        raise SpecError(str(path), None, f"cannot read: {exc.strerror}") from None
-    if p.suffix == ".json":
-        try:
-            return json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise SpecError(str(path), None, f"not valid JSON: {exc}") from None
+        raise SpecError(printable(path), None, "not UTF-8 text") from None
+    if Path(path).suffix == ".json":
+        return load_json_text(text, str(path))
     return load_text(text, str(path))
 
 

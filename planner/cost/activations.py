@@ -121,7 +121,7 @@ def expert_tokens_per_rank(model: ModelSpec, s: Strategy) -> float:
     exactly ceil(n k cf / E) per expert and source rank (megatron/core/transformer/moe/
     moe_utils.py); with a capacity factor alone, at most that."""
     sb, t, _ = _dims(model, s)
-    cf = model.moe_capacity_factor or 1.0
+    cf = (model.moe_capacity_factor or 1.0) if s.moe_pad_expert_input_to_capacity else 1.0
     return sb * model.moe_router_topk / t * s.expert_tp * max(cf, 1.0)
 
 

@@ -82,16 +82,25 @@ def collective_time(kind: str, message_bytes: float, n: int, link: Link) -> floa
     if kind in ("all-gather", "reduce-scatter"):
         return (n - 1) / n * message_bytes / B + steps / 2 * a
     if kind == "all-to-all":
+        # uniform destinations: (j - 1)/n of what a rank sends stays on its node
         on_node = (link.ranks_per_node - 1) / n * message_bytes
         off_node = (n - link.ranks_per_node) / n * message_bytes
-        if link.nodes == 1:
-            return on_node / link.intra_bandwidth_bytes_per_s + a
-        # every GPU of the node sends its off-node share through the node's NICs at once
-        per_gpu_nic = B / link.ranks_per_node
-        return max(on_node / link.intra_bandwidth_bytes_per_s, off_node / per_gpu_nic) + 2 * a
+        return hierarchical_all_to_all_time(on_node, off_node, link)
     if kind == "send-recv":
         return message_bytes / B + a
     raise ValueError(kind)
+
+
+def hierarchical_all_to_all_time(on_node_bytes: float, off_node_bytes: float, link: Link) -> float:
+    """Seconds for an all-to-all in which each rank sends `on_node_bytes` to ranks of its own node
+    (over the scale-up fabric) and `off_node_bytes` to other nodes; every GPU of a node sends its
+    off-node share through the node's NICs at once, so each gets 1/j of the group's NIC share.
+    Both parts run concurrently; the slower one sets the time."""
+    a = link.latency_s
+    if link.nodes == 1 or off_node_bytes <= 0:
+        return on_node_bytes / link.intra_bandwidth_bytes_per_s + a
+    per_gpu_nic = link.bandwidth_bytes_per_s / link.ranks_per_node
+    return max(on_node_bytes / link.intra_bandwidth_bytes_per_s, off_node_bytes / per_gpu_nic) + 2 * a
 
 
 def p2p_link(a: NodeGroup, b: NodeGroup, same_node: bool, cluster: ClusterSpec) -> Link:

@@ -37,7 +37,11 @@ class LayerTime:
     core_attention_forward: float  # the part selective recompute repeats
     column_parallel_gemm_forward: float  # forward GEMMs of the column-parallel linears (QKV, fc1):
     # their backward TP collectives overlap their own wgrad/dgrad GEMMs (cost/parallel.py)
+    shared_expert_forward: float   # forward GEMMs of a MoE layer's shared expert (hides the dispatch)
     flops_forward: float      # hardware FLOPs of the forward pass
+    host_forward: float = 0.0   # host seconds to issue the forward's kernels (0 under a CUDA graph)
+    host_backward: float = 0.0  # host seconds to issue the backward's (and recompute's) kernels
+    host_synced: bool = False   # the forward waits on the GPU once (dropless MoE: token counts)
 
     @property
     def total(self) -> float:
@@ -103,8 +107,109 @@ def attention_head_dims(model: ModelSpec):
     return model.kv_channels, model.kv_channels
 
 
+# Kernels the host issues per forward module when a layer runs eagerly (PyTorch ops, Megatron
+# and Transformer Engine modules; counted from their forward paths at Megatron-LM d98e8a6 / TE
+# d0067d0, a planner estimate): a TE linear launches its GEMM plus its cast/amax bookkeeping; a
+# grouped linear under fp8 quantizes each local expert's rows separately; the router's softmax /
+# top-k / aux-loss ops and the token permutation are many small kernels. The backward issues
+# about twice the forward's (dgrad and wgrad per GEMM, a backward per elementwise op).
+HOST_KERNELS = {"te_linear": 3, "te_linear_fp8": 6, "norm": 1, "rope": 2, "attention": 3, "residual": 1,
+                "activation": 1, "router": 14, "permute": 8, "unpermute": 6}
+HOST_BACKWARD_PER_FORWARD_KERNEL = 2.0
+
+
+class _Parts:
+    """Accumulates one layer's forward seconds, FLOPs and host kernels by named part."""
+
+    def __init__(self, gpu: GPUProfile, dtype: str, fp8: bool):
+        self.gpu, self.dt, self.fp8 = gpu, dtype, fp8
+        self.time: dict[str, float] = {}
+        self.gemm: dict[str, float] = {}   # GEMM share of each part (dgrad and wgrad repeat it)
+        self.flops = 0.0
+        self.kernels: dict[str, float] = {}
+
+    def _add(self, part: str, seconds: float, kernels: float, gemm: bool) -> None:
+        self.time[part] = self.time.get(part, 0.0) + seconds
+        self.kernels[part] = self.kernels.get(part, 0.0) + kernels
+        if gemm:
+            self.gemm[part] = self.gemm.get(part, 0.0) + seconds
+
+    def linear(self, part: str, m: float, n: float, k: float, batch: float = 1, grouped: bool = False) -> None:
+        """A (TE) linear layer: its GEMM(s); under fp8 its input is quantized unless a fused
+        norm produced it in fp8 (quantize_input=False is passed for those)."""
+        self._add(part, gemm_time(self.gpu, self.dt, m, n, k, batch), 0.0, True)
+        self.flops += 2.0 * m * n * k * batch
+        host = HOST_KERNELS["te_linear_fp8" if self.fp8 else "te_linear"]
+        if grouped and self.fp8:
+            host += 2 * batch          # per-expert quantization of the grouped inputs
+        self.kernels[part] = self.kernels.get(part, 0.0) + host
+
+    def stream(self, part: str, nbytes: float, kernels: int, host: float | None = None) -> None:
+        self._add(part, stream_time(self.gpu, nbytes, kernels), kernels if host is None else host, False)
+
+    def quantize(self, part: str, elements: float, current_scaling: bool) -> None:
+        """fp8 cast of a 16-bit tensor: read 2 bytes, write 1 (+ a 2-byte amax pass with current
+        scaling, TE's tensorwise / blockwise / MXFP8 recipes compute the scale from the tensor)."""
+        self.stream(part, elements * (3 + (2 if current_scaling else 0)), kernels=1 + (1 if current_scaling else 0))
+
+    def total(self, parts=None) -> float:
+        return sum(v for k, v in self.time.items() if parts is None or k in parts)
+
+    def host(self, parts=None) -> float:
+        return sum(v for k, v in self.kernels.items() if parts is None or k in parts)
+
+
+# Parts each --recompute-modules entry re-runs (megatron/core/transformer/transformer_layer.py,
+# attention.py, mlp.py, moe/moe_layer.py, experts.py, multi_latent_attention.py)
+RECOMPUTE_PARTS = {
+    "core_attn": ("core_attn",),
+    "mlp": ("norm_mlp", "fc1", "act", "fc2"),
+    "moe": ("norm_mlp", "router", "permute", "experts_fc1", "moe_act", "experts_fc2", "unpermute", "shared"),
+    "moe_act": ("moe_act",),
+    "layernorm": ("norm_attn", "norm_mlp"),
+    "mla_up_proj": ("mla_up", "rope"),
+    "shared_experts": ("shared",),
+}
+
+
+def attention_keys_per_query(model: ModelSpec, seq_length: int) -> float:
+    """Mean keys a causal query attends to: (s + 1) / 2, or with a sliding window of w keys
+    (--window-size) (w + 1) - w (w + 1) / (2 s) once s >= w."""
+    s = seq_length
+    w = model.window_size
+    if not w or w >= s:
+        return (s + 1) / 2
+    return (w + 1) - w * (w + 1) / (2 * s)
+
+
+def cuda_graph_parts(s: Strategy, moe: bool) -> set | None:
+    """Parts whose kernels a CUDA graph replays (no host cost): all with --cuda-graph-scope
+    full_iteration; per layer (--cuda-graph-impl local / transformer_engine, scope attn, mlp,
+    moe_router, moe_preprocess, or the whole layer). None: no graph. A dropless MoE layer's expert
+    part has data-dependent shapes and is never captured (megatron/core/transformer/cuda_graphs.py)."""
+    if s.cuda_graph_impl == "none":
+        return None
+    scope = set(s.cuda_graph_scope) or {"full"}
+    if "full_iteration" in scope:
+        return {"*"}
+    parts = set()
+    if scope & {"full", "attn"}:
+        parts |= {"norm_attn", "qkv", "mla_up", "rope", "qk_norm", "core_attn", "proj", "residual_attn"}
+    if scope & {"full", "mlp"} and not moe:
+        parts |= {"norm_mlp", "fc1", "act", "fc2", "residual_mlp"}
+    if moe and scope & {"full", "moe_router", "moe"}:
+        parts |= {"norm_mlp", "router"}
+    if moe and scope & {"full", "moe_preprocess", "moe"}:
+        parts |= {"permute"}
+    if moe and s.moe_pad_expert_input_to_capacity and scope & {"full", "moe"}:
+        parts |= {"experts_fc1", "moe_act", "experts_fc2", "unpermute", "shared", "residual_mlp"}
+    return parts
+
+
 def layer_time(model: ModelSpec, s: Strategy, gpu: GPUProfile, moe: bool) -> LayerTime:
     dt = gemm_dtype(s, gpu)
+    fp8 = dt == "fp8"
+    cs = fp8 and s.fp8_recipe != "delayed"
     t = s.tp
     b = s.micro_batch_size
     s_q = s.seq_length / s.cp
@@ -113,97 +218,130 @@ def layer_time(model: ModelSpec, s: Strategy, gpu: GPUProfile, moe: bool) -> Lay
     h, a = model.hidden_size, model.num_attention_heads
     dqk, dv = attention_head_dims(model)
     a_loc = a / t
-    fwd = 0.0
-    flops = 0.0
-    col = 0.0
-
-    def g(m, n, k, column_parallel=False, batch=1):
-        nonlocal fwd, flops, col
-        dt_ = gemm_time(gpu, dt, m, n, k, batch)
-        fwd += dt_
-        flops += 2.0 * m * n * k * batch
-        if column_parallel:
-            col += dt_
-
-    # --- attention projections
+    g_loc = max(model.num_query_groups / t, 1.0)
+    P = _Parts(gpu, dt, fp8)
+    norm_bytes = 2 * BYTES_16BIT * M_sp * h                       # read input, write output
+    # --- attention block: input norm (fused into the QKV linear by TE, still one pass)
+    P.stream("norm_attn", norm_bytes, 1, HOST_KERNELS["norm"])
     if model.multi_latent_attention:
         if model.q_lora_rank:
-            g(M, model.q_lora_rank, h)
-            g(M, a_loc * dqk, model.q_lora_rank, True)
+            P.linear("qkv", M, model.q_lora_rank, h)
+            P.linear("mla_up", M, a_loc * dqk, model.q_lora_rank)
         else:
-            g(M, a_loc * dqk, h, True)
-        g(M, model.kv_lora_rank + model.qk_pos_emb_head_dim, h)
-        g(M, a_loc * (model.qk_head_dim + dv), model.kv_lora_rank, True)
-        g(M, h, a_loc * dv)
+            P.linear("mla_up", M, a_loc * dqk, h)
+        P.linear("qkv", M, model.kv_lora_rank + model.qk_pos_emb_head_dim, h)
+        P.linear("mla_up", M, a_loc * (model.qk_head_dim + dv), model.kv_lora_rank)
+        P.stream("norm_attn", 2 * BYTES_16BIT * M * ((model.q_lora_rank or 0) + model.kv_lora_rank), 2)
     else:
-        g_loc = max(model.num_query_groups / t, 1.0)
-        g(M, (a_loc + 2 * g_loc) * model.kv_channels, h, True)
-        g(M, h, a_loc * model.kv_channels)
-    # --- core attention (per rank: s/cp queries against all s keys; CP load-balances causality)
-    attn_flops = 4.0 * s_q * s.seq_length * b * a_loc * (dqk + dv) / 2
+        P.linear("qkv", M, (a_loc + 2 * g_loc) * model.kv_channels, h)
+    if model.qk_layernorm:
+        P.stream("qk_norm", 2 * BYTES_16BIT * M * (a_loc + g_loc) * dqk, 2)
+    if model.position_embedding_type == "rope":
+        P.stream("rope", 2 * BYTES_16BIT * M * (a_loc + g_loc) * dqk, 2, HOST_KERNELS["rope"])
+    # --- core attention (per rank: s/cp queries; CP load-balances causality)
+    keys = attention_keys_per_query(model, s.seq_length)
     if s.fused_attention:
-        attn_flops *= 0.5   # causal: fused kernels skip fully masked blocks
+        # flash / cuDNN: causal blocks above the diagonal skipped; 2 GEMM-like passes forward
+        attn_flops = 4.0 * s_q * keys * b * a_loc * (dqk + dv) / 2
         core = gpu.compute_time_scale * (attn_flops / (gpu.peak(dt if dt != "fp8" else "bf16")
                                                        * gpu.efficiency.flash_attention)
                                          + gpu.efficiency.kernel_overhead_s)
+        P._add("core_attn", core, HOST_KERNELS["attention"], False)
         core_bwd = core * FLASH_BACKWARD_FACTOR
     else:
         # two batched GEMMs per (micro-batch, local head): QK^T (s_q x d) @ (d x s_k) and
-        # AV (s_q x s_k) @ (s_k x d_v), + fused scale-mask-softmax (+ dropout) over the scores
+        # AV (s_q x s_k) @ (s_k x d_v) over all keys, + fused scale-mask-softmax (+ dropout)
+        attn_flops = 4.0 * s_q * s.seq_length * b * a_loc * (dqk + dv) / 2
         heads = b * a_loc
         core = (gemm_time(gpu, dt, s_q, s.seq_length, dqk, batch=heads)
                 + gemm_time(gpu, dt, s_q, dv, s.seq_length, batch=heads))
         score_elems = s_q * s.seq_length * b * a_loc
         bytes_sm = BYTES_16BIT * 2 * score_elems + (5 * score_elems if model.attention_dropout > 0 else 0)
         core += stream_time(gpu, bytes_sm, kernels=2)
+        P._add("core_attn", core, HOST_KERNELS["attention"] + 2, False)
         core_bwd = 2 * core
-    flops += attn_flops
-    fwd += core
-    # --- MLP
+    P.flops += attn_flops
+    if fp8:
+        P.quantize("proj", M * a_loc * dv, cs)   # the attention output feeds the out-projection
+    P.linear("proj", M, h, a_loc * dv)
+    res_bytes = (3 * BYTES_16BIT + (1 if model.hidden_dropout > 0 else 0)) * M_sp * h   # bias-dropout-add
+    P.stream("residual_attn", res_bytes, 1, HOST_KERNELS["residual"])
+    # --- MLP block
+    glu = 2 if model.swiglu else 1
     if not moe:
         f = model.ffn_hidden_size
-        g(M, f * (2 if model.swiglu else 1) / t, h, True)
-        g(M, h, f / t)
-        act_bytes = BYTES_16BIT * M * f / t * (3 if model.swiglu else 2)
+        P.stream("norm_mlp", norm_bytes, 1, HOST_KERNELS["norm"])
+        P.linear("fc1", M, f * glu / t, h)
+        P.stream("act", BYTES_16BIT * M * f / t * (glu + 1), 1, HOST_KERNELS["activation"])
+        if fp8:
+            P.quantize("fc2", M * f / t, cs)
+        P.linear("fc2", M, h, f / t)
     else:
         T = expert_tokens_per_rank(model, s)   # routed token copies on this rank
         e_loc = model.num_experts / s.ep
-        f = model.moe_ffn_hidden_size
-        g(M_sp, model.num_experts, h)          # router
-        # grouped GEMM over the local experts: e_loc GEMMs of T / e_loc tokens in one kernel,
-        # plus one kernel overhead per further expert for its tiles' setup
-        g(T / e_loc, f * (2 if model.swiglu else 1) / s.expert_tp, h, batch=e_loc)
-        g(T / e_loc, h, f / s.expert_tp, batch=e_loc)
-        fwd += 2 * (e_loc - 1) * gpu.efficiency.kernel_overhead_s * gpu.compute_time_scale
-        act_bytes = BYTES_16BIT * T * f / s.expert_tp * (3 if model.swiglu else 2)
-        act_bytes += 4 * BYTES_16BIT * T * h      # permute + unpermute, read and write
+        f = model.moe_ffn_hidden_size / s.expert_tp
+        P.stream("norm_mlp", norm_bytes, 1, HOST_KERNELS["norm"])
+        P.linear("router", M_sp, model.num_experts, h)
+        P.stream("router", (BYTES_16BIT + 4) * M_sp * model.num_experts * 3, 4, HOST_KERNELS["router"])
+        P.stream("permute", 2 * BYTES_16BIT * T * h, 2, HOST_KERNELS["permute"])
+        # grouped GEMMs over the local experts: e_loc GEMMs of T / e_loc tokens in one kernel
+        # (TE GroupedLinear), plus one kernel overhead per further expert for its tiles' setup
+        if fp8:
+            P.quantize("experts_fc1", T * h, cs)
+        P.linear("experts_fc1", T / e_loc, f * glu, h, batch=e_loc, grouped=True)
+        P._add("experts_fc1", (e_loc - 1) * gpu.efficiency.kernel_overhead_s * gpu.compute_time_scale, 0.0, True)
+        P.stream("moe_act", BYTES_16BIT * T * f * (glu + 1), 1, HOST_KERNELS["activation"])
+        if fp8:
+            P.quantize("experts_fc2", T * f, cs)
+        P.linear("experts_fc2", T / e_loc, h, f, batch=e_loc, grouped=True)
+        P._add("experts_fc2", (e_loc - 1) * gpu.efficiency.kernel_overhead_s * gpu.compute_time_scale, 0.0, True)
+        P.stream("unpermute", 2 * BYTES_16BIT * T * h, 2, HOST_KERNELS["unpermute"])
         if model.moe_shared_expert_intermediate_size:
             fs = model.moe_shared_expert_intermediate_size
-            g(M, fs * (2 if model.swiglu else 1) / t, h, True)
-            g(M, h, fs / t)
-            act_bytes += BYTES_16BIT * M * fs / t * (3 if model.swiglu else 2)
-    # --- elementwise: 2 norms (read+write), 2 bias-dropout-add (read x, residual; write out,
-    # mask), RoPE on Q and K, the MLP activation
-    ew = 2 * 2 * BYTES_16BIT * M_sp * h
-    ew += 2 * (3 * BYTES_16BIT + (1 if model.hidden_dropout > 0 else 0)) * M_sp * h
-    if model.position_embedding_type == "rope":
-        ew += 2 * BYTES_16BIT * M * (a_loc + max(model.num_query_groups / t, 1.0)) * dqk
-    ew += act_bytes
-    elementwise = stream_time(gpu, ew, kernels=7)
-    fwd += elementwise
-    matmul_fwd = fwd - core - elementwise
-    # backward: GEMMs split evenly into input-grad and weight-grad; elementwise ~2x forward
-    b_input = matmul_fwd + core_bwd + 2 * elementwise
-    b_weight = matmul_fwd
+            P.linear("shared", M, fs * glu / t, h)
+            P.stream("shared", BYTES_16BIT * M * fs / t * (glu + 1), 1, HOST_KERNELS["activation"])
+            if fp8:
+                P.quantize("shared", M * fs / t, cs)
+            P.linear("shared", M, h, fs / t)
+    P.stream("residual_mlp", res_bytes, 1, HOST_KERNELS["residual"])
+    fwd = P.total()
+    gemm_fwd = sum(P.gemm.values())
+    elementwise = fwd - gemm_fwd - core
+    # backward: each GEMM's dgrad and wgrad take its forward time (under fp8 the output
+    # gradients are quantized too); elementwise ops about twice their forward
+    grad_quant = 0.0
+    if fp8:
+        grad_quant = sum(stream_time(gpu, M * h * (3 + (2 if cs else 0)), 1 + (1 if cs else 0)) for _ in range(2))
+    b_input = gemm_fwd + core_bwd + 2 * elementwise + grad_quant
+    b_weight = gemm_fwd
     if s.recompute == "full":
-        recompute = fwd
+        rec_parts = None
     elif s.recompute == "selective":
-        recompute = core
+        rec_parts = set()
+        for mod in s.recompute_modules:
+            rec_parts |= set(RECOMPUTE_PARTS.get(mod, ()))
     else:
-        recompute = 0.0
+        rec_parts = set()
+    recompute = P.total(rec_parts) if rec_parts is None or rec_parts else 0.0
+    # host time to issue the kernels, less what CUDA graphs replay
+    graphed = cuda_graph_parts(s, moe)
+    if graphed is not None and "*" in graphed:
+        host_f = host_b = 0.0
+    else:
+        eager = None if graphed is None else [k for k in P.kernels if k not in graphed]
+        host_f = P.host(eager) * gpu.efficiency.host_launch_overhead_s
+        host_b = host_f * HOST_BACKWARD_PER_FORWARD_KERNEL
+        if rec_parts is None:
+            host_b += host_f
+        elif rec_parts:
+            host_b += P.host([k for k in rec_parts if eager is None or k in eager]) * gpu.efficiency.host_launch_overhead_s
+    synced = moe and s.moe_token_dispatcher_type != "allgather" and not s.moe_pad_expert_input_to_capacity
+    col_parts = ("qkv", "mla_up", "fc1", "shared")
     return LayerTime(forward=fwd, backward_input=b_input, backward_weight=b_weight,
-                     recompute=recompute, core_attention_forward=core, flops_forward=flops,
-                     column_parallel_gemm_forward=col)
+                     recompute=recompute, core_attention_forward=core, flops_forward=P.flops,
+                     column_parallel_gemm_forward=sum(P.gemm.get(k, 0.0) for k in col_parts),
+                     shared_expert_forward=P.gemm.get("shared", 0.0),
+                     host_forward=host_f, host_backward=host_b, host_synced=synced)
 
 
 def output_layer_time(model: ModelSpec, s: Strategy, gpu: GPUProfile) -> tuple[float, float]:

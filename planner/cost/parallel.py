@@ -17,7 +17,7 @@ from ..specs.cluster import ClusterSpec, NodeGroup
 from ..specs.model import ModelSpec
 from ..strategy import Strategy
 from .activations import BYTES_16BIT, expert_tokens_per_rank
-from .comm import collective_time, group_link, p2p_link
+from .comm import collective_time, group_link, hierarchical_all_to_all_time, p2p_link
 from .compute import FLASH_BACKWARD_FACTOR
 from .memory import gradient_comm_bytes, param_gather_bytes
 
@@ -166,30 +166,133 @@ def cp_cost(model: ModelSpec, s: Strategy, groups: list[NodeGroup], cluster: Clu
 
 # ---- EP ---------------------------------------------------------------------------------------
 
-def ep_layer_collective(model: ModelSpec, s: Strategy, groups: list[NodeGroup], cluster: ClusterSpec):
-    """EP all-to-alls of one MoE layer and one micro-batch: dispatch + combine, forward and
-    backward (and the re-run forward under full recompute). Returns (count, seconds each,
-    bytes each rank sends, link)."""
+def remote_nodes_per_token(model: ModelSpec, ep_nodes: int) -> float:
+    """Expected number of other nodes a token's top-k experts live on, when the EP group spans
+    `ep_nodes` nodes with the experts spread evenly and routing balanced. Node-limited routing
+    (--moe-router-num-groups G --moe-router-group-topk M, megatron/core/transformer/moe/
+    moe_utils.py group-limited top-k) picks M of G expert groups first: with groups laid on nodes
+    that is the units drawn; otherwise the k experts are. Distinct nodes hit by u draws without
+    replacement from U units spread over N nodes: N (1 - C(U - U/N, u) / C(U, u)); a node is its
+    own with probability 1/N."""
+    N = ep_nodes
+    if N <= 1:
+        return 0.0
+    if model.moe_router_num_groups and model.moe_router_group_topk:
+        units, draws = model.moe_router_num_groups, model.moe_router_group_topk
+    else:
+        units, draws = model.num_experts, model.moe_router_topk
+    per_node = units / N
+    if per_node < 1:          # a unit spans several nodes: each draw reaches N / units of them
+        hit = min(N, draws * N / units)
+    else:
+        miss = 1.0
+        for i in range(int(draws)):   # C(U - U/N, u) / C(U, u) as a product
+            miss *= max(0.0, (units - per_node - i) / (units - i))
+        hit = N * (1.0 - miss)
+    return hit * (1.0 - 1.0 / N)
+
+
+def ep_layer_collectives(model: ModelSpec, s: Strategy, groups: list[NodeGroup], cluster: ClusterSpec):
+    """Expert-parallel communication of one MoE layer and one micro-batch, by phase
+    (megatron/core/transformer/moe/token_dispatcher.py). Per rank n = s*b/tp tokens enter the
+    layer; each is routed to k experts.
+    - alltoall dispatcher: an all-to-all of n*k token copies (h bf16 each, + their router
+      probabilities) to the experts' ranks, one copy per (token, expert), no de-duplication;
+      combine sends the same back; backward runs the two transposed (same volumes again).
+    - flex dispatcher (DeepEP): a token crosses to each other node once, then fans out over
+      NVLink (DeepEP README, "asymmetric-domain bandwidth forwarding"); node-limited routing
+      bounds the nodes it reaches; the forward dispatch goes in fp8 under fp8 training.
+    - allgather dispatcher: all-gather of the layer input over TP x EP, reduce-scatter back.
+    - expert-TP > 1 adds an all-gather (dispatch) and reduce-scatter (combine) of the received
+      tokens over the expert-TP group.
+    Returns ({"forward": [(kind, count, seconds each, bytes)], "backward": [...]}, link)."""
     link = group_link(groups, s.ep, s.expert_tp, cluster)
-    msg = BYTES_16BIT * expert_tokens_per_rank(model, s) * model.hidden_size / s.expert_tp
-    count = 2 * (2 + (1 if s.recompute == "full" else 0))
-    return count, collective_time("all-to-all", msg, s.ep, link), msg, link
+    h, k = model.hidden_size, model.moe_router_topk
+    n = s.seq_length / s.cp * s.micro_batch_size / s.tp
+    r_dt = 4 if s.moe_router_dtype == "fp32" else BYTES_16BIT
+    cf = max(model.moe_capacity_factor or 1.0, 1.0) if s.moe_pad_expert_input_to_capacity else 1.0
+    copies = n * k * cf
+    fwd, bwd = [], []
+    if s.moe_token_dispatcher_type == "allgather":
+        gathered = BYTES_16BIT * n * s.tp * s.ep * h
+        glink = group_link(groups, s.tp * s.ep, 1, cluster)
+        ag, rs = collective_time("all-gather", gathered, s.tp * s.ep, glink), collective_time(
+            "reduce-scatter", gathered, s.tp * s.ep, glink)
+        fwd += [("all-gather", 1, ag, gathered), ("reduce-scatter", 1, rs, gathered)]
+        bwd += [("all-gather", 1, ag, gathered), ("reduce-scatter", 1, rs, gathered)]
+        return {"forward": fwd, "backward": bwd}, glink
+    if s.moe_token_dispatcher_type == "flex":
+        remote = remote_nodes_per_token(model, link.nodes)
+        on_frac = (link.ranks_per_node - 1) / max(link.ranks_per_node, 1)
+        for phase, dispatch_bytes in (("forward", 1.0 if s.precision == "fp8" else BYTES_16BIT),
+                                      ("backward", BYTES_16BIT)):
+            out = fwd if phase == "forward" else bwd
+            for kind, el in (("dispatch", dispatch_bytes), ("combine", BYTES_16BIT)):
+                off = n * remote * h * el
+                on = copies * h * el * on_frac
+                out.append(("all-to-all", 1, hierarchical_all_to_all_time(on, off, link), off + on))
+    else:
+        msg = copies * (h * BYTES_16BIT + r_dt)
+        t1 = collective_time("all-to-all", msg, s.ep, link)
+        fwd.append(("all-to-all", 2, t1, msg))   # dispatch + combine
+        bwd.append(("all-to-all", 2, t1, msg))
+    if s.expert_tp > 1:
+        recv = BYTES_16BIT * copies * s.expert_tp * h
+        elink = group_link(groups, s.expert_tp, 1, cluster)
+        for out in (fwd, bwd):
+            out += [("all-gather", 1, collective_time("all-gather", recv, s.expert_tp, elink), recv),
+                    ("reduce-scatter", 1, collective_time("reduce-scatter", recv, s.expert_tp, elink), recv)]
+    return {"forward": fwd, "backward": bwd}, link
+
+
+def ep_layer_exposed_s(phases: dict, lt, recomputed: bool, s: Strategy) -> float:
+    """Seconds one MoE layer's EP communication adds to a micro-batch (the forward again when
+    the layer or its MoE block is recomputed), given the layer's compute (LayerTime):
+    - --overlap-moe-expert-parallel-comm co-schedules the forward of the next micro-batch with
+      the backward of this one layer by layer (megatron/core/pipeline_parallel/combined_1f1b.py):
+      forward communication hides under the other's backward compute, backward communication under
+      the other's forward (and its weight gradients with --delay-wgrad-compute);
+    - --moe-shared-expert-overlap runs the shared expert's fc1 during the dispatch and fc2 during
+      the combine (token_dispatcher.py): forward communication hides under the shared expert."""
+    f = sum(c * t1 for _, c, t1, _ in phases["forward"])
+    b = sum(c * t1 for _, c, t1, _ in phases["backward"])
+    if recomputed:
+        f *= 2
+    if s.overlap_moe_expert_parallel_comm:
+        cover_b = lt.forward + (lt.backward_weight if s.delay_wgrad_compute else 0.0)
+        return max(0.0, f - (lt.backward_input + lt.backward_weight)) + max(0.0, b - cover_b)
+    if s.moe_shared_expert_overlap:
+        f = max(0.0, f - lt.shared_expert_forward)
+    return f + b
+
+
+def _moe_recomputed(s: Strategy) -> bool:
+    return s.recompute == "full" or (s.recompute == "selective" and "moe" in s.recompute_modules)
 
 
 def ep_cost(model: ModelSpec, s: Strategy, groups: list[NodeGroup], cluster: ClusterSpec, w: StageWork,
             moe_skipped: int) -> AxisCost:
     if not (model.is_moe and s.ep > 1 and w.moe_layers):
         return AxisCost("ep")
-    cnt, t1, msg, link = ep_layer_collective(model, s, groups, cluster)
-    n_coll = cnt * w.moe_layers
-    if moe_skipped:
-        cnt0, _, _, _ = ep_layer_collective(model, replace(s, recompute="none"), groups, cluster)
-        n_coll = cnt * (w.moe_layers - moe_skipped) + cnt0 * moe_skipped
+    phases, link = ep_layer_collectives(model, s, groups, cluster)
+    lt = w.layer_times[True]
+    recomputed_n = (w.moe_layers - moe_skipped) if _moe_recomputed(s) else 0
+    plain_n = w.moe_layers - recomputed_n
+    exposed = (recomputed_n * ep_layer_exposed_s(phases, lt, True, s)
+               + plain_n * ep_layer_exposed_s(phases, lt, False, s))
+    rows: dict = {}
+    for phase, items in phases.items():
+        for kind, cnt, t1, msg in items:
+            times = cnt * (w.moe_layers + (recomputed_n if phase == "forward" else 0))
+            key = (kind, msg)
+            c0, _ = rows.get(key, (0.0, t1))
+            rows[key] = (c0 + times, t1)
+    raw = sum(c * t1 for c, t1 in rows.values())
+    share = exposed / raw if raw > 0 else 0.0
     m = w.microbatches
-    exposed = t1 * n_coll
     return AxisCost("ep", per_microbatch_s=exposed,
-                    entries=(CommEntry("ep", "all-to-all", msg, s.ep, n_coll * m, t1 * n_coll * m,
-                                       exposed * m, link.bound_by, w.stage),))
+                    entries=tuple(CommEntry("ep", kind, msg, s.ep, c * m, t1 * c * m, t1 * c * m * share,
+                                            link.bound_by, w.stage) for (kind, msg), (c, t1) in rows.items()))
 
 
 # ---- PP ---------------------------------------------------------------------------------------

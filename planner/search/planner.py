@@ -14,7 +14,7 @@ import numpy as np
 
 from ..errors import InvalidStrategy, PlannerError
 from ..estimate import Estimate, _layer_time, _time_key, estimate
-from ..cost.parallel import (ep_layer_collective, pp_gather_s, pp_message_bytes, tp_layer_collectives,
+from ..cost.parallel import (ep_layer_collectives, ep_layer_exposed_s, pp_gather_s, pp_message_bytes, tp_layer_collectives,
                              tp_layer_exposed_s)
 from ..specs.cluster import ClusterSpec
 from ..specs.model import ModelSpec
@@ -172,6 +172,8 @@ def enumerate_space(model: ModelSpec, cluster: ClusterSpec, o: SearchOptions):
     batch_divisors = _divisors(o.global_batch_size)
     for tp in tps:
         for cp in cps:
+            if tp > 1 and o.seq_length % (cp * tp):
+                continue   # sequence parallelism (on whenever tp > 1) would break: check_structure
             for pp in pps:
                 base = tp * cp * pp
                 if base > N:
@@ -373,8 +375,8 @@ class _Bounds:
                 lt_m = _layer_time(model, tk, g.gpu, True)
                 moe = lt_m.total + tp(lt_m)
                 if s.ep > 1:
-                    cnt, t1, _, _ = ep_layer_collective(model, s, [g], self.cluster)
-                    moe += cnt * t1
+                    phases, _ = ep_layer_collectives(model, s, [g], self.cluster)
+                    moe += ep_layer_exposed_s(phases, lt_m, s.recompute == "full", s)
             v = self._layer[key] = (dense, moe)
         return v
 

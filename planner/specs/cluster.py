@@ -82,7 +82,7 @@ class ClusterSpec:
 GROUP_FIELDS = {"name", "nodes", "gpus_per_node", "gpu", "nics_per_node", "nic_bandwidth",
                 "intra_node_bandwidth", "nic_latency", "host_memory"}
 REQUIRED_GROUP_FIELDS = {"name", "nodes", "gpus_per_node", "gpu", "nics_per_node", "nic_bandwidth"}
-CLUSTER_FIELDS = {"name", "node_groups", "interconnect", "source", "notes"}
+CLUSTER_FIELDS = {"name", "node_groups", "interconnect", "source", "notes", "calibration"}
 REQUIRED_CLUSTER_FIELDS = {"name", "node_groups"}
 INTERCONNECT_FIELDS = {"between", "bandwidth", "latency"}
 REQUIRED_INTERCONNECT_FIELDS = {"between", "bandwidth"}
@@ -120,6 +120,16 @@ def resolve_profile(ref: Any, source: str, fld: str) -> GPUProfile:
 
 
 def cluster_from_dict(data: Any, source: str) -> ClusterSpec:
+    """The cluster a spec describes, with its `calibration:` block (planner calibrate) applied."""
+    cluster = base_cluster_from_dict(data, source)
+    if data.get("calibration") is None:
+        return cluster
+    from .calibration import apply_calibration, parse_calibration
+    return apply_calibration(cluster, parse_calibration(data["calibration"], source, cluster))
+
+
+def base_cluster_from_dict(data: Any, source: str) -> ClusterSpec:
+    """The cluster as its node groups and profiles describe it, without its calibration."""
     check_fields(data, source, "", CLUSTER_FIELDS, REQUIRED_CLUSTER_FIELDS)
     groups_raw = data["node_groups"]
     if not isinstance(groups_raw, list) or not groups_raw:

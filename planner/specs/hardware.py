@@ -32,6 +32,9 @@ class Efficiency:
     # worth gemm_k_fill elements of the K loop
     gemm_tile: int = 128
     gemm_k_fill: int = 0
+    # host CPU seconds to issue one kernel from eager PyTorch (Python, dispatcher, launch): the
+    # GPU waits on the host when its kernels are shorter than this (small, fine-grained MoE)
+    host_launch_overhead_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -71,7 +74,7 @@ PROFILE_REQUIRED_FIELDS = {"name", "memory", "memory_bandwidth", "peak_tflops", 
                            "pcie_bandwidth", "cuda_context", "nccl_memory_per_communicator",
                            "fragmentation_fraction", "compute_capability", "efficiency"}
 EFF_FIELDS = {"matmul", "memory_bandwidth", "kernel_overhead", "scale_up", "network", "flash_attention",
-              "matmul_fp8", "gemm_tile", "gemm_k_fill"}
+              "matmul_fp8", "gemm_tile", "gemm_k_fill", "host_launch_overhead"}
 EFF_REQUIRED_FIELDS = {"matmul", "memory_bandwidth", "kernel_overhead", "scale_up", "network", "flash_attention"}
 
 
@@ -105,6 +108,8 @@ def profile_from_dict(data: Any, source: str) -> GPUProfile:
         matmul_fp8=get_float(eff, "matmul_fp8", source, "efficiency", minimum=0.01, maximum=1.0),
         gemm_tile=get_int(eff, "gemm_tile", source, "efficiency", default=128, minimum=1, maximum=1024),
         gemm_k_fill=get_int(eff, "gemm_k_fill", source, "efficiency", default=0, minimum=0, maximum=100_000),
+        host_launch_overhead_s=(_unit(parse_time, eff, "host_launch_overhead", source, "efficiency.")
+                                if eff.get("host_launch_overhead") is not None else 0.0),
     )
     uncertain = data.get("uncertain") or []
     if not isinstance(uncertain, list) or not all(isinstance(u, str) for u in uncertain):

@@ -6,14 +6,43 @@ from __future__ import annotations
 from typing import Any
 
 from ..errors import SpecError
+from ..inputs import printable
 from .model import ModelSpec, model_from_dict
 
 SUPPORTED = ("llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen3_moe", "deepseek_v3")
 
 
+# the class names in config.json "architectures" (transformers' *ForCausalLM) of the supported
+# model types, for a config that names its architecture but not its model_type
+ARCHITECTURES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral", "MixtralForCausalLM": "mixtral",
+                 "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3", "Qwen3MoeForCausalLM": "qwen3_moe",
+                 "DeepseekV3ForCausalLM": "deepseek_v3"}
+
+
 def is_hf_config(data: Any) -> bool:
-    return isinstance(data, dict) and ("model_type" in data or "architectures" in data) and \
-        "num_hidden_layers" in data
+    """A Hugging Face config: it names its model_type or architectures, or it has transformers'
+    num_hidden_layers and not the planner's num_layers (then model_from_hf says what it lacks)."""
+    return isinstance(data, dict) and ("model_type" in data or "architectures" in data
+                                       or ("num_hidden_layers" in data and "num_layers" not in data))
+
+
+def _model_type(data: dict, source: str) -> str:
+    mt = data.get("model_type")
+    if mt is None:
+        arch = data.get("architectures")
+        types = {ARCHITECTURES.get(a) for a in arch} if isinstance(arch, list) and all(
+            isinstance(a, str) for a in arch) else {None}
+        if len(types) == 1 and None not in types:
+            return types.pop()
+        what = (f"its architectures {printable(arch)} name no supported model" if arch is not None else
+                "it has neither model_type nor architectures")
+        why = "architectures" if arch is not None else "num_hidden_layers"
+        raise SpecError(source, "model_type", f"read as a Hugging Face config.json (it has {why}), but "
+                        f"{what}; expected model_type one of {', '.join(SUPPORTED)} as transformers writes it, "
+                        "or a planner model YAML (planner schema model)")
+    if mt not in SUPPORTED:
+        raise SpecError(source, "model_type", f"found {printable(mt)!r}, expected one of {', '.join(SUPPORTED)}")
+    return mt
 
 
 def _need(data: dict, key: str, source: str) -> Any:
@@ -23,9 +52,7 @@ def _need(data: dict, key: str, source: str) -> Any:
 
 
 def model_from_hf(data: dict, source: str) -> ModelSpec:
-    mt = data.get("model_type")
-    if mt not in SUPPORTED:
-        raise SpecError(source, "model_type", f"found {mt!r}, expected one of {', '.join(SUPPORTED)}")
+    mt = _model_type(data, source)
     act = data.get("hidden_act", "silu")
     if act not in ("silu", "swish"):
         raise SpecError(source, "hidden_act", f"found {act!r}, expected 'silu' (SwiGLU MLP)")

@@ -96,6 +96,39 @@ INTERCONNECT_PROPERTIES = {
     "bandwidth": {**BANDWIDTH, "description": "per node, per direction, between the groups"},
     "latency": TIME,
 }
+_SOURCE = {"type": "object", "additionalProperties": False, "required": ["file", "lines", "date"],
+           "properties": {"file": TEXT, "lines": TEXT, "date": TEXT, "what": TEXT, "sha256": TEXT}}
+
+
+def _calibrated(value: dict, desc: str) -> dict:
+    """One calibrated parameter: a value with where it was measured, or why it was left alone."""
+    return {"type": "object", "additionalProperties": False, "description": desc,
+            "properties": {"value": value, "profile": {"description": "the profile's value (informational)"},
+                           "from": {"type": "array", "minItems": 1, "items": _SOURCE},
+                           "left_at_profile": {**TEXT, "description": "why no input constrains it"}}}
+
+
+_RATIO = {"type": "number", "exclusiveMinimum": 0}
+CALIBRATION_PROPERTIES = {
+    "created": TEXT, "tool": TEXT, "notes": TEXT,
+    "gpus": {"type": "object", "description": "per GPU profile name",
+             "additionalProperties": {"type": "object", "additionalProperties": False, "properties": {
+                 "compute_time_scale": _calibrated(_RATIO, "measured / modelled compute time"),
+                 "cuda_context": _calibrated(SIZE, "fixed memory outside the allocator's tensors (context, kernels)"),
+                 "fragmentation_fraction": _calibrated({"type": "number", "minimum": 0, "maximum": 0.5},
+                                                       "caching-allocator loss, fraction of capacity")}}},
+    "node_groups": {"type": "object", "description": "per node group name",
+                    "additionalProperties": {"type": "object", "additionalProperties": False, "properties": {
+                        "scale_up_bus_bandwidth": _calibrated(BANDWIDTH, "NCCL bus bandwidth per GPU in a node"),
+                        "scale_up_latency": _calibrated(TIME, "per message inside a node"),
+                        "scale_out_bus_bandwidth": _calibrated(BANDWIDTH, "NCCL bus bandwidth per node across nodes"),
+                        "nic_latency": _calibrated(TIME, "per message across nodes")}}},
+    "interconnect": {"type": "array", "items": {
+        "type": "object", "additionalProperties": False, "required": ["between"], "properties": {
+            "between": INTERCONNECT_PROPERTIES["between"],
+            "bus_bandwidth": _calibrated(BANDWIDTH, "per node, between the two groups"),
+            "latency": _calibrated(TIME, "per message between the two groups")}}},
+}
 CLUSTER_PROPERTIES = {
     "name": {**NAME, "description": "cluster name"},
     "node_groups": {"type": "array", "minItems": 1,
@@ -106,6 +139,8 @@ CLUSTER_PROPERTIES = {
                                "additionalProperties": False, "required": sorted(REQUIRED_INTERCONNECT_FIELDS)}},
     "source": TEXT,
     "notes": TEXT,
+    "calibration": {"type": "object", "properties": CALIBRATION_PROPERTIES, "additionalProperties": False,
+                    "description": "fitted by `planner calibrate` from the cluster's own logs and nccl-tests"},
 }
 
 EFFICIENCY_PROPERTIES = {
@@ -118,11 +153,12 @@ EFFICIENCY_PROPERTIES = {
     "matmul_fp8": _fraction("large fp8 GEMM achieved / fp8 peak TFLOP/s (default: matmul)"),
     "gemm_tile": _int("GEMM output tile edge, elements: work on partial tiles is wasted (default 128)"),
     "gemm_k_fill": _int("per-tile pipeline fill + epilogue, in K-loop elements (default 0)", minimum=0),
+    "host_launch_overhead": {**TIME, "description": "host CPU time to issue one kernel from eager PyTorch (default 0)"},
 }
 PROFILE_PROPERTIES = {
     "name": {**NAME, "description": "profile name"},
     "vendor": TEXT,
-    "memory": {**SIZE, "description": "device memory as the device reports it (nvidia-smi / rocm-smi total)"},
+    "memory": {**SIZE, "description": "device memory as CUDA/HIP reports it (torch total_memory, a few hundred MiB below nvidia-smi)"},
     "memory_bandwidth": {**BANDWIDTH, "description": "peak HBM bandwidth"},
     "peak_tflops": {"type": "object", "additionalProperties": False, "minProperties": 1,
                     "properties": {d: {"type": "number", "exclusiveMinimum": 0} for d in DTYPES},

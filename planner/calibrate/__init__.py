@@ -1,0 +1,1 @@
+"""`planner calibrate`: learn a cluster from its own Megatron-LM logs and nccl-tests output."""

@@ -1,0 +1,106 @@
+"""NVIDIA's published Megatron-Bridge runs, read as launches, against the planner.
+
+Usage: python validation/bridge.py [--json] [--as-published]
+
+Each row of validation/data/megatron_bridge_perf.yaml (published tokens/s/GPU on DGX H100 and
+DGX B200, exact layouts) is estimated from the Megatron-LM launch of its release's recipe
+(validation/data/megatron_bridge_launches.yaml, every setting with its source), through the same
+launch reader `planner check` uses, on a cluster of DGX nodes: 8 GPUs on NVLink, 8 x 400 Gb/s
+InfiniBand (ConnectX-7) per node. Step time measured = global batch x sequence / (tokens/s/GPU
+x GPUs). Printed per row: measured and predicted step seconds, the error, the predicted peak
+memory of the most loaded stage as the device would show it against the device's memory, and
+the gate's verdict; then the MAPE per system. Every one of these configurations ran, so any
+verdict other than fits is a finding. `--as-published` uses the table's layout where it differs
+from the recipe.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from planner.estimate import estimate  # noqa: E402
+from planner.specs.cluster import cluster_from_dict  # noqa: E402
+
+DATA = ROOT / "validation" / "data"
+GIB = 2**30
+# DGX H100 and DGX B200: 8 GPUs per node, 8 ConnectX-7 at 400 Gb/s (NVIDIA DGX H100 / B200 user guides)
+SYSTEMS = {"dgx-h100": "h100-sxm-80g", "dgx-b200": "b200-sxm-180g"}
+
+
+def dgx_cluster(system: str, gpus: int):
+    return cluster_from_dict({"name": f"{system}-x{gpus // 8}", "node_groups": [
+        {"name": system, "nodes": max(1, gpus // 8), "gpus_per_node": min(8, gpus), "gpu": SYSTEMS[system],
+         "nics_per_node": 8, "nic_bandwidth": "400 Gb/s"}]}, "validation/bridge.py")
+
+
+def read_launch(text: str, source: str, world: int):
+    from planner.megatron.launch import parse_text
+    return parse_text(text, source, env={}, default_world_size=world)
+
+
+def rows(as_published: bool = False) -> list[dict]:
+    perf = {r["id"]: r for r in yaml.safe_load(open(DATA / "megatron_bridge_perf.yaml"))["rows"]}
+    launches = yaml.safe_load(open(DATA / "megatron_bridge_launches.yaml"))["rows"]
+    out = []
+    for row in launches:
+        p = perf[row["id"]]
+        text = row["launch"]
+        if as_published and row.get("launch_as_published"):
+            text = row["launch_as_published"]["launch"]
+        cluster = dgx_cluster(row["system"], p["gpus"])
+        measured = p["gbs"] * p["seq"] / (p["tokens_per_s_per_gpu"] * p["gpus"])
+        rec = {"id": row["id"], "system": row["system"], "measured_s": measured}
+        try:
+            launch = read_launch(text, row["id"], p["gpus"])
+            e = estimate(launch.model, cluster, launch.strategy)
+        except Exception as exc:   # a row the planner cannot read or price is reported, not hidden
+            rec.update(error=f"{type(exc).__name__}: {exc}")
+            out.append(rec)
+            continue
+        peak = max(e.memory, key=lambda m: m.device_total / m.device_bytes)
+        rec.update(predicted_s=e.step_time_s, error_pct=100 * (e.step_time_s - measured) / measured,
+                   peak_device_bytes=peak.device_total, device_bytes=peak.device_bytes, fits=e.fits,
+                   stage=peak.stage)
+        out.append(rec)
+    return out
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--json", action="store_true")
+    ap.add_argument("--as-published", action="store_true", help="the table's layout where it differs from the recipe")
+    a = ap.parse_args(argv)
+    out = rows(a.as_published)
+    summary = {}
+    for system in SYSTEMS:
+        errs = [abs(r["error_pct"]) for r in out if r["system"] == system and "error_pct" in r]
+        fits = [r["fits"] for r in out if r["system"] == system and "fits" in r]
+        summary[system] = {"rows": len(errs), "mape_pct": sum(errs) / len(errs) if errs else None,
+                           "judged_to_fit": sum(fits), "unreadable": sum(1 for r in out if r["system"] == system and "error" in r)}
+    if a.json:
+        print(json.dumps({"rows": out, "summary": summary}, indent=2))
+        return
+    print(f"{'row':50s} {'measured':>9s} {'predicted':>9s} {'error':>7s} {'peak GiB / device':>18s} verdict")
+    for r in out:
+        if "error" in r:
+            print(f"{r['id']:50s} {r['measured_s']:9.3f}  cannot price: {r['error']}")
+            continue
+        mem = f"{r['peak_device_bytes'] / GIB:6.1f} / {r['device_bytes'] / GIB:6.1f}"
+        print(f"{r['id']:50s} {r['measured_s']:9.3f} {r['predicted_s']:9.3f} {r['error_pct']:+6.1f}% {mem:>18s} "
+              f"{'fits' if r['fits'] else 'DOES NOT FIT'} (stage {r['stage']})")
+    for system, s in summary.items():
+        mape = f"{s['mape_pct']:.1f}%" if s["mape_pct"] is not None else "-"
+        print(f"{system}: step-time MAPE {mape} over {s['rows']} rows; {s['judged_to_fit']} of {s['rows']} judged "
+              f"to fit (all ran); {s['unreadable']} unreadable")
+
+
+if __name__ == "__main__":
+    main()
