@@ -10,8 +10,9 @@ from hypothesis import given, settings, strategies as st
 
 from planner.estimate import _time_key, estimate
 from planner.errors import InvalidStrategy
-from planner.search.planner import (MICRO_BATCHES, VPP_CHOICES, SearchOptions, _Bounds, _initial_split,
-                                    enumerate_space, search, stage_layouts, with_split)
+from planner.search.planner import (MICRO_BATCHES, VPP_CHOICES, SearchOptions, _Bounds, _Family,
+                                    _family_may_fit, _initial_split, enumerate_space, search, stage_layouts,
+                                    with_split)
 from planner.specs.cluster import cluster_from_dict
 from planner.specs.model import model_from_dict
 from planner.strategy import Strategy, check_structure
@@ -111,6 +112,17 @@ def _assert_bounds(bounds, cluster, s, plain, e, extra_s=None):
         assert child <= cand * (1 + 1e-9)   # the closed form without whole layers
 
 
+def _assert_family_screen_passes(model, cluster, s, uneven):
+    """The family memory screen never rules out a strategy that fits."""
+    block = s.recompute_num_layers is not None
+    base = Strategy(tp=s.tp, pp=s.pp, dp=s.dp, cp=s.cp, ep=s.ep, etp=s.etp, micro_batch_size=s.micro_batch_size,
+                    global_batch_size=s.global_batch_size, seq_length=s.seq_length,
+                    recompute="none" if block else s.recompute, sequence_parallel=s.tp > 1,
+                    precision=s.precision, overlap_grad_reduce=True)
+    fam = _Family(base, _time_key(base), block, (s.vpp,), stage_layouts(cluster, s.gpus_per_stage, s.pp), 1)
+    assert _family_may_fit(model, cluster, fam, (s.zero_stage,), uneven, {}), s
+
+
 def _brute_force(model, cluster, o):
     best, n_fit, n_all, bounds = None, 0, 0, _Bounds(model, cluster)
     for s in _space(model, cluster, o):
@@ -127,21 +139,65 @@ def _brute_force(model, cluster, o):
             plain = s.with_(recompute="none", recompute_num_layers=None)
             _assert_bounds(bounds, cluster, s, plain, e, bounds.recompute_extra(s, groups))
         if e.fits:
+            _assert_family_screen_passes(model, cluster, s, o.uneven_chunks)
             n_fit += 1
             if best is None or e.step_time_s < best.step_time_s:
                 best = e
     return best, n_fit, n_all
 
 
-@pytest.mark.parametrize("cluster", [HOMOGENEOUS, SMALL_MEMORY, MIXED], ids=["h100", "a100-40g", "h100+a100"])
-def test_top_plan_is_the_brute_force_optimum(cluster):
-    best, n_fit, n_all = _brute_force(MODEL, cluster, OPTIONS)
+def _assert_counts_add_up(r):
+    assert r.invalid == 0
+    assert r.candidates == r.pruned_memory + r.pruned_bound + r.priced, r
+
+
+@pytest.mark.parametrize("cluster,uneven", [(HOMOGENEOUS, False), (SMALL_MEMORY, False), (MIXED, False),
+                                            (HOMOGENEOUS, True), (MIXED, True)],
+                         ids=["h100", "a100-40g", "h100+a100", "h100-uneven-chunks", "h100+a100-uneven-chunks"])
+def test_top_plan_is_the_brute_force_optimum(cluster, uneven):
+    o = replace(OPTIONS, uneven_chunks=uneven)
+    best, n_fit, n_all = _brute_force(MODEL, cluster, o)
     assert n_all > 1000 and 0 < n_fit < n_all   # not trivial: memory rules some out
-    r = search(MODEL, cluster, OPTIONS)
+    r = search(MODEL, cluster, o)
     top = r.plans[0]
     assert top.fits
     assert top.step_time_s == pytest.approx(best.step_time_s, rel=1e-9), (top.strategy, best.strategy)
     assert r.priced < n_all / 10   # the bounds pruned most of the space
+    _assert_counts_add_up(r)
+
+
+# 4 MoE layers of 8 experts (with a wide dense TP, expert-TP and EP fold over the stage's ranks
+# in several ways), 8 GPUs: MoE parallel folding against brute force.
+MOE = model_from_dict({
+    "name": "moe-4", "num_layers": 4, "hidden_size": 6144, "num_attention_heads": 48, "num_query_groups": 8,
+    "ffn_hidden_size": 16384, "vocab_size": 128256, "max_position_embeddings": 4096, "swiglu": True,
+    "normalization": "RMSNorm", "untie_embeddings_and_output_weights": True, "position_embedding_type": "rope",
+    "add_bias_linear": False, "attention_dropout": 0.0, "hidden_dropout": 0.0, "num_experts": 8,
+    "moe_router_topk": 2, "moe_ffn_hidden_size": 16384}, "test")
+
+
+def test_moe_parallel_folding_against_brute_force():
+    o = replace(OPTIONS, recompute=("none", "full"), zero_stages=(1,), partial_recompute=False)
+    space = list(enumerate_space(MOE, HOMOGENEOUS, o))
+    assert any(etp not in (1, tp) for tp, _, _, _, _, etp in space)     # expert-TP beyond {1, tp}
+    assert any(ep > dp for _, _, _, dp, ep, _ in space)                 # EP folded over TP ranks
+    best, n_fit, n_all = _brute_force(MOE, HOMOGENEOUS, o)
+    assert 0 < n_fit < n_all
+    r = search(MOE, HOMOGENEOUS, o)
+    assert r.plans[0].step_time_s == pytest.approx(best.step_time_s, rel=1e-9), (r.plans[0].strategy, best.strategy)
+    _assert_counts_add_up(r)
+
+
+def test_counts_add_up_when_the_time_limit_stops_the_search(monkeypatch):
+    import itertools as it
+
+    import planner.search.planner as P
+
+    clock = it.count()
+    monkeypatch.setattr(P.time, "perf_counter", lambda: next(clock) * 0.001)
+    r = search(MODEL, MIXED, replace(OPTIONS, time_limit_s=0.01))
+    assert r.status == "time-limit"
+    _assert_counts_add_up(r)
 
 
 def test_mixed_cluster_uses_the_a100s_when_they_help():
