@@ -46,9 +46,6 @@ CP_SHORT_MAX = 2
 # leaves the rest idle). On a heterogeneous cluster whole node groups may stay idle: a plan on
 # the fast GPUs alone is in the space, so the search says when the slow ones cannot help.
 MIN_GPU_FRACTION = 0.5
-# Refuse a space of more cells than this (bounded time and memory: every cell is bounded
-# up front; its candidates are only built when the cell's bound is reached).
-MAX_CELLS = 200_000
 
 
 @dataclass(frozen=True)
