@@ -1,18 +1,22 @@
-"""Search-time benchmark (not a test): `python bench/bench_search.py [--time-limit S]`.
+"""Search-time benchmark (not a test): `python bench/bench_search.py [--time-limit S] [--only K]`.
 
-Plans each scenario of the search issue once and prints candidates, priced, seconds and the top
-plan. Machines here are noisy: compare runs made side by side.
+Plans each bundled scenario once and prints one table: seconds, status (optimal, or stopped by
+the time limit with its gap), the candidate counts (candidates = pruned by memory + pruned by
+the step-time bound + priced) and the top plan. Machines here are noisy: compare runs made side
+by side.
 """
 
 from __future__ import annotations
 
 import argparse
+import resource
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from planner.errors import PlannerError  # noqa: E402
 from planner.library import load_cluster_ref, load_model_ref  # noqa: E402
 from planner.search.planner import SearchOptions, search  # noqa: E402
 from planner.specs.cluster import cluster_from_dict  # noqa: E402
@@ -27,39 +31,69 @@ DEEP_1000 = model_from_dict({
     "num_query_groups": 8, "ffn_hidden_size": 14336, "vocab_size": 128256, "max_position_embeddings": 8192,
     "swiglu": True, "normalization": "RMSNorm", "position_embedding_type": "rope"}, "bench")
 
+# (model, cluster, global batch, sequence, extra SearchOptions)
 SCENARIOS = [
-    ("llama3-8b", "dgx-h100-x8", 512, 8192),
-    ("llama3-70b", "dgx-h100-x128", 1024, 8192),
-    ("llama3.1-405b", "dgx-h100-x2048", 2048, 8192),
-    ("mixtral-8x22b", "dgx-h100-x32", 1024, 4096),
-    ("deepseek-v3", "h800-x256", 4096, 4096),
-    ("llama3-70b", "mixed-512", 1024, 4096),
-    ("llama3.1-405b", H100_100K, 16384, 8192),
-    (DEEP_1000, "dgx-h100-x128", 1024, 4096),
+    ("llama3-8b", "dgx-h100-x8", 512, 8192, {}),
+    ("llama3-70b", "dgx-h100-x128", 1024, 8192, {}),
+    ("llama3.1-405b", "dgx-h100-x2048", 2048, 8192, {}),
+    ("llama3.1-405b", "dgx-h100-x2048", 2048, 8192, {"precision": "fp8", "zero_stages": (0, 1, 3)}),
+    ("mixtral-8x22b", "dgx-h100-x32", 1024, 4096, {}),
+    ("deepseek-v3", "h800-x256", 4096, 4096, {}),
+    ("llama3-70b", "mixed-512", 1024, 4096, {}),
+    ("qwen3-235b-a22b", "mixed-512", 1024, 4096, {}),
+    ("qwen3-235b-a22b", "mixed-512", 1024, 8192, {}),
+    ("deepseek-v3", "mixed-512", 1024, 4096, {}),
+    ("deepseek-v3", "mixed-512", 1024, 8192, {}),
+    ("llama3.1-405b", H100_100K, 16384, 8192, {}),
+    (DEEP_1000, "dgx-h100-x128", 1024, 4096, {}),
 ]
+
+
+def _top(r) -> str:
+    if not r.plans:
+        return "no plan fits"
+    e = r.plans[0]
+    s = e.strategy
+    etp = f" etp{s.expert_tp}" if e.model.is_moe else ""
+    return (f"tp{s.tp} pp{s.pp} dp{s.dp} cp{s.cp} ep{s.ep}{etp} vpp{s.vpp} mbs{s.micro_batch_size} "
+            f"{s.recompute_label} z{s.zero_stage} {e.step_time_s:.2f}s MFU {e.mfu * 100:.1f}%"
+            f" [{' '.join(sorted(set(e.stage_groups)))}]")
+
+
+def run(scenarios, time_limit: float):
+    """Yields one row per scenario: (model, cluster, GPUs, seq, options, seconds, result or error)."""
+    for model, cluster, gbs, seq, extra in scenarios:
+        m = load_model_ref(model) if isinstance(model, str) else model
+        c = load_cluster_ref(cluster) if isinstance(cluster, str) else cluster
+        t0 = time.perf_counter()
+        try:
+            r = search(m, c, SearchOptions(global_batch_size=gbs, seq_length=seq, top=1,
+                                           time_limit_s=time_limit, **extra))
+        except PlannerError as exc:
+            r = exc
+        yield m, c, seq, extra, time.perf_counter() - t0, r
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--time-limit", type=float, default=120.0)
+    ap.add_argument("--only", type=int, action="append", help="run only scenario K (0-based; repeatable)")
     a = ap.parse_args(argv)
-    print(f"{'model':15s} {'cluster':16s} {'GPUs':>6s} {'cands':>7s} {'priced':>6s} {'secs':>6s}  top plan")
-    for model, cluster, gbs, seq in SCENARIOS:
-        m = load_model_ref(model) if isinstance(model, str) else model
-        c = load_cluster_ref(cluster) if isinstance(cluster, str) else cluster
-        t0 = time.perf_counter()
-        r = search(m, c, SearchOptions(global_batch_size=gbs, seq_length=seq, top=1, time_limit_s=a.time_limit))
-        dt = time.perf_counter() - t0
-        if r.plans:
-            e = r.plans[0]
-            s = e.strategy
-            top = (f"tp{s.tp} pp{s.pp} dp{s.dp} cp{s.cp} ep{s.ep} vpp{s.vpp} mbs{s.micro_batch_size} "
-                   f"{s.recompute_label} z{s.zero_stage} step {e.step_time_s:.2f}s MFU {e.mfu * 100:.1f}%"
-                   f" [{' '.join(sorted(set(e.stage_groups)))}]")
-        else:
-            top = "no plan fits"
-        print(f"{m.name:15s} {c.name:16s} {c.num_gpus:6d} {r.candidates:7d} {r.priced:6d} {dt:6.1f}  {top}"
-              + ("  (time limit)" if r.status == "time-limit" else ""))
+    todo = [SCENARIOS[k] for k in a.only] if a.only else SCENARIOS
+    print("| model | cluster | GPUs | seq | options | seconds | status | candidates | pruned memory "
+          "| pruned bound | priced | top plan |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for m, c, seq, extra, dt, r in run(todo, a.time_limit):
+        opts = " ".join(f"{k}={','.join(map(str, v)) if isinstance(v, tuple) else v}" for k, v in extra.items())
+        if isinstance(r, PlannerError):
+            print(f"| {m.name} | {c.name} | {c.num_gpus:,} | {seq} | {opts} | {dt:.1f} | refused: {r} | | | | | |")
+            continue
+        status = r.status if r.optimality_gap == 0 else f"{r.status}, gap {r.optimality_gap * 100:.2f}%"
+        total = r.pruned_memory + r.pruned_bound + r.priced
+        counts = f"{r.candidates:,}" + ("" if total == r.candidates else f" (counted {total:,})")
+        print(f"| {m.name} | {c.name} | {c.num_gpus:,} | {seq} | {opts} | {dt:.1f} | {status} | {counts} "
+              f"| {r.pruned_memory:,} | {r.pruned_bound:,} | {r.priced:,} | {_top(r)} |", flush=True)
+    print(f"peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20:.2f} GiB")
 
 
 if __name__ == "__main__":

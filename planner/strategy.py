@@ -217,13 +217,23 @@ def check_structure(s: Strategy, model: ModelSpec) -> None:
     if s.vpp > 1:
         if s.pp < 2:
             raise InvalidStrategy("vpp-needs-pp", "virtual stages need pipeline parallel size > 1")
-        if any(n % s.vpp for n in layers):
+        if s.chunk_layers is None and any(n % s.vpp for n in layers):
             raise InvalidStrategy("vpp-layers",
-                                  f"layers per stage {list(layers)} must each be divisible by vpp {s.vpp}")
+                                  f"layers per stage {list(layers)} must each be divisible by vpp {s.vpp} "
+                                  "(or give chunk_layers, a pipeline layout)")
         if s.num_microbatches % s.pp != 0:
             raise InvalidStrategy("interleaved-microbatches",
                                   f"interleaved schedule needs micro-batches ({s.num_microbatches}) to be "
                                   f"a multiple of pp ({s.pp})")
+    if s.chunk_layers is not None:
+        ch = s.chunk_layers
+        if len(ch) != s.pp * s.vpp or min(ch) < 1:
+            raise InvalidStrategy("chunk-layers",
+                                  f"chunk_layers {list(ch)} must be pp x vpp = {s.pp * s.vpp} counts >= 1")
+        per_rank = tuple(sum(ch[c * s.pp + r] for c in range(s.vpp)) for r in range(s.pp))
+        if per_rank != tuple(layers):
+            raise InvalidStrategy("chunk-layers",
+                                  f"chunk_layers give {list(per_rank)} layers per stage, the split is {list(layers)}")
     if s.stage_node_groups is not None and len(s.stage_node_groups) != s.pp:
         raise InvalidStrategy("stage-node-groups", f"{len(s.stage_node_groups)} node groups for {s.pp} stages")
     if model.is_moe:

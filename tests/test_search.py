@@ -10,8 +10,9 @@ from hypothesis import given, settings, strategies as st
 
 from planner.estimate import _time_key, estimate
 from planner.errors import InvalidStrategy
-from planner.search.planner import (MICRO_BATCHES, VPP_CHOICES, SearchOptions, _Bounds, _initial_split,
-                                    enumerate_space, search, stage_layouts)
+from planner.search.planner import (MICRO_BATCHES, VPP_CHOICES, SearchOptions, _Bounds, _Family,
+                                    _family_may_fit, _initial_split, enumerate_space, search, stage_layouts,
+                                    with_split)
 from planner.specs.cluster import cluster_from_dict
 from planner.specs.model import model_from_dict
 from planner.strategy import Strategy, check_structure
@@ -48,11 +49,13 @@ OPTIONS = SearchOptions(global_batch_size=16, seq_length=2048, top=1, recompute=
                         zero_stages=(0, 1))
 
 
-def _splits(L, p, v):
+def _splits(L, p, v, uneven=True):
+    """Every contiguous split with at least v layers a stage (one per virtual chunk); with
+    uneven, any count (the chunks of a rank differ by one layer), else multiples of v."""
     for cuts in itertools.combinations(range(1, L), p - 1):
         b = (0,) + cuts + (L,)
         split = tuple(b[i + 1] - b[i] for i in range(p))
-        if all(n % v == 0 for n in split):
+        if min(split) >= v and (uneven or all(n % v == 0 for n in split)):
             yield split
 
 
@@ -66,7 +69,7 @@ def _space(model, cluster, o):
                         continue
                     m = o.global_batch_size // (mbs * dp)
                     for vpp in VPP_CHOICES:
-                        if vpp > 1 and (pp < 2 or m % pp):
+                        if vpp > 1 and (pp < 2 or m % pp or not o.uneven_chunks and model.num_layers % vpp):
                             continue
                         for rec in o.recompute:
                             for z in o.zero_stages:
@@ -78,17 +81,46 @@ def _space(model, cluster, o):
                                     schedule="interleaved" if vpp > 1 else "1f1b",
                                     stage_node_groups=groups if cluster.is_heterogeneous else None,
                                     overlap_grad_reduce=True, overlap_param_gather=z >= 1)
-                                for split in _splits(model.num_layers, pp, vpp):
-                                    yield s.with_(layers_per_stage=split)
+                                for split in _splits(model.num_layers, pp, vpp, o.uneven_chunks):
+                                    yield with_split(s, split)
                                 if rec != "full":
                                     continue
                                 # full recompute of k layers per chunk: on the starting split only
                                 # (the search's definition; the partition is not re-solved for it)
-                                valid, split = _initial_split(model, cluster, s, groups)
+                                valid, split = _initial_split(model, cluster, s, groups, uneven=False)
                                 if valid:
                                     per_chunk = min(split or s.stage_layers(model)) // vpp
                                     for k in range(1, per_chunk):
                                         yield s.with_(recompute_num_layers=k, layers_per_stage=split)
+
+
+def _assert_bounds(bounds, cluster, s, plain, e, extra_s=None):
+    """Every bound the search prunes with, from the family down to the candidate, is at most
+    the estimate, whatever the split; the vectorised children bounds do not exceed `candidate`
+    (which adds whole-layer integrality)."""
+    tk = _time_key(plain)
+    groups = s.stage_node_groups or (cluster.node_groups[0].name,) * s.pp
+    layouts = stage_layouts(cluster, s.gpus_per_stage, s.pp)
+    step = e.step_time_s * (1 + 1e-9)
+    cand = bounds.candidate(plain, tk, groups, extra_s=extra_s)
+    assert cand <= step, s
+    assert bounds.cell(plain, tk, groups, (s.vpp,), (s.zero_stage,)) <= step, s
+    caps = bounds.stage_caps(s.gpus_per_stage, s.pp, layouts)
+    assert bounds.family(plain, tk, s.pp, s.num_microbatches, s.gpus_per_stage, caps, s.vpp) <= step, s
+    if extra_s is None:
+        [(child, _, _, _)] = bounds.children(plain, tk, (groups,), (s.vpp,), (s.zero_stage,))
+        assert child <= cand * (1 + 1e-9)   # the closed form without whole layers
+
+
+def _assert_family_screen_passes(model, cluster, s, uneven):
+    """The family memory screen never rules out a strategy that fits."""
+    block = s.recompute_num_layers is not None
+    base = Strategy(tp=s.tp, pp=s.pp, dp=s.dp, cp=s.cp, ep=s.ep, etp=s.etp, micro_batch_size=s.micro_batch_size,
+                    global_batch_size=s.global_batch_size, seq_length=s.seq_length,
+                    recompute="none" if block else s.recompute, sequence_parallel=s.tp > 1,
+                    precision=s.precision, overlap_grad_reduce=True)
+    fam = _Family(base, _time_key(base), block, (s.vpp,), stage_layouts(cluster, s.gpus_per_stage, s.pp), 1)
+    assert _family_may_fit(model, cluster, fam, (s.zero_stage,), uneven, {}), s
 
 
 def _brute_force(model, cluster, o):
@@ -102,31 +134,70 @@ def _brute_force(model, cluster, o):
         n_all += 1
         groups = s.stage_node_groups or (cluster.node_groups[0].name,) * s.pp
         if s.recompute_num_layers is None:
-            tk = _time_key(s)
-            # the bounds the search prunes with hold for every split
-            assert bounds.candidate(s, tk, groups) <= e.step_time_s * (1 + 1e-9), s
-            assert bounds.cell(s, tk, groups) <= e.step_time_s * (1 + 1e-9), s
+            _assert_bounds(bounds, cluster, s, s, e)
         else:   # a block-recompute child: bounded on the plain costs plus its recompute
             plain = s.with_(recompute="none", recompute_num_layers=None)
-            lb = bounds.candidate(plain, _time_key(plain), groups, extra_s=bounds.recompute_extra(s, groups))
-            assert bounds.cell(plain, _time_key(plain), groups) <= e.step_time_s * (1 + 1e-9), s
-            assert lb <= e.step_time_s * (1 + 1e-9), s
+            _assert_bounds(bounds, cluster, s, plain, e, bounds.recompute_extra(s, groups))
         if e.fits:
+            _assert_family_screen_passes(model, cluster, s, o.uneven_chunks)
             n_fit += 1
             if best is None or e.step_time_s < best.step_time_s:
                 best = e
     return best, n_fit, n_all
 
 
-@pytest.mark.parametrize("cluster", [HOMOGENEOUS, SMALL_MEMORY, MIXED], ids=["h100", "a100-40g", "h100+a100"])
-def test_top_plan_is_the_brute_force_optimum(cluster):
-    best, n_fit, n_all = _brute_force(MODEL, cluster, OPTIONS)
+def _assert_counts_add_up(r):
+    assert r.invalid == 0
+    assert r.candidates == r.pruned_memory + r.pruned_bound + r.priced, r
+
+
+@pytest.mark.parametrize("cluster,uneven", [(HOMOGENEOUS, False), (SMALL_MEMORY, False), (MIXED, False),
+                                            (HOMOGENEOUS, True), (MIXED, True)],
+                         ids=["h100", "a100-40g", "h100+a100", "h100-uneven-chunks", "h100+a100-uneven-chunks"])
+def test_top_plan_is_the_brute_force_optimum(cluster, uneven):
+    o = replace(OPTIONS, uneven_chunks=uneven)
+    best, n_fit, n_all = _brute_force(MODEL, cluster, o)
     assert n_all > 1000 and 0 < n_fit < n_all   # not trivial: memory rules some out
-    r = search(MODEL, cluster, OPTIONS)
+    r = search(MODEL, cluster, o)
     top = r.plans[0]
     assert top.fits
     assert top.step_time_s == pytest.approx(best.step_time_s, rel=1e-9), (top.strategy, best.strategy)
     assert r.priced < n_all / 10   # the bounds pruned most of the space
+    _assert_counts_add_up(r)
+
+
+# 4 MoE layers of 8 experts (with a wide dense TP, expert-TP and EP fold over the stage's ranks
+# in several ways), 8 GPUs: MoE parallel folding against brute force.
+MOE = model_from_dict({
+    "name": "moe-4", "num_layers": 4, "hidden_size": 6144, "num_attention_heads": 48, "num_query_groups": 8,
+    "ffn_hidden_size": 16384, "vocab_size": 128256, "max_position_embeddings": 4096, "swiglu": True,
+    "normalization": "RMSNorm", "untie_embeddings_and_output_weights": True, "position_embedding_type": "rope",
+    "add_bias_linear": False, "attention_dropout": 0.0, "hidden_dropout": 0.0, "num_experts": 8,
+    "moe_router_topk": 2, "moe_ffn_hidden_size": 16384}, "test")
+
+
+def test_moe_parallel_folding_against_brute_force():
+    o = replace(OPTIONS, recompute=("none", "full"), zero_stages=(1,), partial_recompute=False)
+    space = list(enumerate_space(MOE, HOMOGENEOUS, o))
+    assert any(etp not in (1, tp) for tp, _, _, _, _, etp in space)     # expert-TP beyond {1, tp}
+    assert any(ep > dp for _, _, _, dp, ep, _ in space)                 # EP folded over TP ranks
+    best, n_fit, n_all = _brute_force(MOE, HOMOGENEOUS, o)
+    assert 0 < n_fit < n_all
+    r = search(MOE, HOMOGENEOUS, o)
+    assert r.plans[0].step_time_s == pytest.approx(best.step_time_s, rel=1e-9), (r.plans[0].strategy, best.strategy)
+    _assert_counts_add_up(r)
+
+
+def test_counts_add_up_when_the_time_limit_stops_the_search(monkeypatch):
+    import itertools as it
+
+    import planner.search.planner as P
+
+    clock = it.count()
+    monkeypatch.setattr(P.time, "perf_counter", lambda: next(clock) * 0.001)
+    r = search(MODEL, MIXED, replace(OPTIONS, time_limit_s=0.01))
+    assert r.status == "time-limit"
+    _assert_counts_add_up(r)
 
 
 def test_mixed_cluster_uses_the_a100s_when_they_help():

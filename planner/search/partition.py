@@ -33,6 +33,9 @@ class PartitionProblem:
     capacity: np.ndarray        # [p] usable bytes
     m: int
     v: int = 1
+    # most layers each stage can hold, when the caller knows it exactly (memory that is not
+    # additive in the layers, e.g. uneven virtual chunks); None: layer_mem alone decides
+    max_layers: np.ndarray | None = None
 
     @property
     def p(self) -> int:
@@ -54,6 +57,8 @@ class PartitionProblem:
         return times, mems
 
     def feasible(self, split) -> bool:
+        if self.max_layers is not None and any(n > k for n, k in zip(split, self.max_layers)):
+            return False
         _, mems = self.stage_costs(split)
         return all(mm <= c for mm, c in zip(mems, self.capacity))
 
@@ -72,14 +77,16 @@ class PartitionResult:
 _REL_TOL = 1e-12
 
 
-def _stage_matrices(P_t, P_m, prob: PartitionProblem, i: int, multiple: int):
+def _stage_matrices(P_t, P_m, prob: PartitionProblem, i: int, multiple: int, least: int):
     """t[j, k], mem[j, k]: time and memory of stage i holding layers [j, k); valid[j, k] where
-    k > j and the count is a multiple of `multiple`."""
+    the count is at least `least` and a multiple of `multiple`."""
     t = P_t[i][None, :] - P_t[i][:, None] + prob.extra_time[i]
     mem = P_m[i][None, :] - P_m[i][:, None] + prob.extra_mem[i]
     n = np.arange(prob.L + 1)
     cnt = n[None, :] - n[:, None]
-    valid = (cnt > 0) & (cnt % multiple == 0) & (mem <= prob.capacity[i])
+    valid = (cnt >= max(least, 1)) & (cnt % multiple == 0) & (mem <= prob.capacity[i])
+    if prob.max_layers is not None:
+        valid &= cnt <= prob.max_layers[i]
     return t, valid
 
 
@@ -91,16 +98,17 @@ _MATRIX_CACHE_ENTRIES = 8_000_000
 class _Matrices:
     """The per-stage matrices of one problem, built once per pass or kept between passes."""
 
-    def __init__(self, P_t, P_m, prob: PartitionProblem, multiple: int):
-        self.args = (P_t, P_m, prob, multiple)
+    def __init__(self, P_t, P_m, prob: PartitionProblem, multiple: int, least: int):
+        self.args = (P_t, P_m, prob, multiple, least)
         self.keep = prob.p * (prob.L + 1) ** 2 <= _MATRIX_CACHE_ENTRIES
         self.cache: dict = {}
 
     def __call__(self, i: int):
+        P_t, P_m, prob, multiple, least = self.args
         if not self.keep:
-            return _stage_matrices(*self.args[:3], i, self.args[3])
+            return _stage_matrices(P_t, P_m, prob, i, multiple, least)
         if i not in self.cache:
-            self.cache[i] = _stage_matrices(*self.args[:3], i, self.args[3])
+            self.cache[i] = _stage_matrices(P_t, P_m, prob, i, multiple, least)
         return self.cache[i]
 
 
@@ -147,32 +155,36 @@ def _candidate_bounds(mats: _Matrices, prob: PartitionProblem) -> np.ndarray:
 class _Uniform:
     """Every layer costs the same on a stage (a model of one layer kind): stage i with n layers
     takes c_i n + e_i seconds and k_i n + f_i bytes, so any layer counts form a contiguous
-    split and the least sum under a bound is greedy: every stage starts at `multiple` layers,
+    split and the least sum under a bound is greedy: every stage starts at `least` layers,
     the rest go to the cheapest stages first, each up to what the bound and its memory allow
     (costs are linear in the counts, so the exchange argument makes greedy exact)."""
 
-    def __init__(self, prob: PartitionProblem, multiple: int):
-        self.prob, self.v = prob, multiple
+    def __init__(self, prob: PartitionProblem, multiple: int, least: int):
+        self.prob, self.q, self.n0 = prob, multiple, least
         self.c = prob.layer_time[:, 0]
         k = prob.layer_mem[:, 0]
         mem_room = np.floor((prob.capacity - prob.extra_mem) / k + _REL_TOL)
-        self.n_mem = (np.maximum(mem_room, 0) // multiple * multiple).astype(np.int64)
+        room = np.maximum(mem_room, 0)
+        if prob.max_layers is not None:
+            room = np.asarray(prob.max_layers, dtype=float)   # exact, from the caller
+        self.n_mem = (room // multiple * multiple).astype(np.int64)
 
     def bounds(self) -> np.ndarray:
-        vals = [self.c[i] * n + self.prob.extra_time[i]
-                for i in range(self.prob.p) for n in range(self.v, int(min(self.n_mem[i], self.prob.L)) + 1, self.v)]
-        v = np.unique(np.array(vals)) if vals else np.zeros(0)
+        p = self.prob
+        vals = [self.c[i] * np.arange(self.n0, int(min(self.n_mem[i], p.L)) + 1, self.q) + p.extra_time[i]
+                for i in range(p.p)]
+        v = np.unique(np.concatenate(vals)) if vals else np.zeros(0)
         if len(v) > 1:
             v = v[np.append(v[1:] - v[:-1] > _REL_TOL * np.abs(v[1:]), True)]
         return v
 
     def __call__(self, bound: float):
-        prob, v = self.prob, self.v
+        prob, q = self.prob, self.q
         by_time = np.floor((bound * (1 + _REL_TOL) - prob.extra_time) / self.c + _REL_TOL)
-        upper = np.minimum(self.n_mem, np.maximum(by_time, 0) // v * v).astype(np.int64)
-        if (upper < v).any() or upper.sum() < prob.L:
+        upper = np.minimum(self.n_mem, np.maximum(by_time, 0) // q * q).astype(np.int64)
+        if (upper < self.n0).any() or upper.sum() < prob.L:
             return np.inf, None
-        n = np.full(prob.p, v, dtype=np.int64)
+        n = np.full(prob.p, self.n0, dtype=np.int64)
         left = prob.L - n.sum()
         for i in np.argsort(self.c, kind="stable"):
             add = min(left, upper[i] - n[i])
@@ -187,20 +199,25 @@ def _is_uniform(prob: PartitionProblem) -> bool:
                 and np.all(prob.layer_mem == prob.layer_mem[:, :1]))
 
 
-def partition_dp(prob: PartitionProblem, multiple: int = 1, max_bounds: int = 64) -> PartitionResult:
+def partition_dp(prob: PartitionProblem, multiple: int = 1, max_bounds: int = 64, least: int | None = None,
+                 max_uniform_bounds: int = 1_000_000) -> PartitionResult:
     """Exact DP (see module doc). `multiple`: each stage's layer count must be a multiple of it
-    (virtual stages need layers divisible by v). Models of one layer kind take the greedy
-    path of `_Uniform` (O(p log p) per bound instead of O(p L^2))."""
-    if prob.L % multiple:
+    (even virtual chunks need layers divisible by v); `least`: each stage holds at least this
+    many layers (one per virtual chunk; default `multiple`). Models of one layer kind take the
+    greedy path of `_Uniform` (O(p log p) per bound instead of O(p L^2)), whose work cap
+    `max_uniform_bounds` is far above the p x L bounds it can have, so it always ends proven."""
+    least = multiple if least is None else least
+    if prob.L % multiple or least % multiple:
         return PartitionResult(None, float("inf"), "dp", "infeasible")
     if _is_uniform(prob):
-        uniform = _Uniform(prob, multiple)
+        uniform = _Uniform(prob, multiple, least)
         bounds = uniform.bounds()
         min_sum = uniform
+        max_bounds = max_uniform_bounds
     else:
         P_t = np.concatenate([np.zeros((prob.p, 1)), np.cumsum(prob.layer_time, axis=1)], axis=1)
         P_m = np.concatenate([np.zeros((prob.p, 1)), np.cumsum(prob.layer_mem, axis=1)], axis=1)
-        mats = _Matrices(P_t, P_m, prob, multiple)
+        mats = _Matrices(P_t, P_m, prob, multiple, least)
         bounds = _candidate_bounds(mats, prob)
 
         def min_sum(bound):
@@ -248,12 +265,13 @@ def partition_dp(prob: PartitionProblem, multiple: int = 1, max_bounds: int = 64
 
 
 def partition_ilp(prob: PartitionProblem, multiple: int = 1, time_limit_s: float = 20.0,
-                  solver: str = "cbc") -> PartitionResult:
+                  solver: str = "cbc", least: int | None = None) -> PartitionResult:
     """The same problem as an ILP in PuLP. Raises ImportError/RuntimeError if no solver runs."""
     import pulp
 
+    least = multiple if least is None else least
     if _is_uniform(prob):
-        return _partition_ilp_counts(prob, multiple, time_limit_s, solver)
+        return _partition_ilp_counts(prob, multiple, time_limit_s, solver, least)
     p, L = prob.p, prob.L
     lp = pulp.LpProblem("stage_partition", pulp.LpMinimize)
     # y[i][k] = 1 if layer k sits on a stage <= i (a staircase: contiguous stages)
@@ -273,7 +291,9 @@ def partition_ilp(prob: PartitionProblem, multiple: int = 1, time_limit_s: float
     times = []
     for i in range(p):
         n_i = pulp.lpSum(x[i][k] for k in range(L))
-        lp += n_i >= multiple
+        lp += n_i >= max(least, 1)
+        if prob.max_layers is not None:
+            lp += n_i <= int(prob.max_layers[i])
         if multiple > 1:
             q = pulp.LpVariable(f"q_{i}", lowBound=1, cat="Integer")
             lp += n_i == multiple * q
@@ -304,22 +324,27 @@ def _solve(lp, T, prob: PartitionProblem, solver: str, time_limit_s: float, read
                            "optimal" if st == "Optimal" else "time-limit")
 
 
-def _partition_ilp_counts(prob: PartitionProblem, multiple: int, time_limit_s: float, solver: str) -> PartitionResult:
+def _partition_ilp_counts(prob: PartitionProblem, multiple: int, time_limit_s: float, solver: str,
+                          least: int) -> PartitionResult:
     """The ILP for a model of one layer kind: one integer layer count per stage (a multiple of
-    `multiple`) instead of p x L placement binaries; any counts form a contiguous split."""
+    `multiple`, at least `least`) instead of p x L placement binaries; any counts form a
+    contiguous split. Exact per-stage layer limits (max_layers) replace the additive memory."""
     import pulp
 
     p, L = prob.p, prob.L
     c, k = prob.layer_time[:, 0], prob.layer_mem[:, 0]
     lp = pulp.LpProblem("stage_partition_counts", pulp.LpMinimize)
-    q = [pulp.LpVariable(f"q_{i}", lowBound=1, cat="Integer") for i in range(p)]
+    q = [pulp.LpVariable(f"q_{i}", lowBound=max(1, -(-least // multiple)), cat="Integer") for i in range(p)]
     T = pulp.LpVariable("T", lowBound=0)
     times = []
     for i in range(p):
         n_i = multiple * q[i]
         t_i = float(c[i]) * n_i + float(prob.extra_time[i])
         lp += T >= t_i
-        lp += float(k[i]) * n_i + float(prob.extra_mem[i]) <= float(prob.capacity[i])
+        if prob.max_layers is not None:
+            lp += n_i <= int(prob.max_layers[i])
+        else:
+            lp += float(k[i]) * n_i + float(prob.extra_mem[i]) <= float(prob.capacity[i])
         times.append(t_i)
     lp += pulp.lpSum(multiple * qi for qi in q) == L
     lp += (prob.m - 1.0 / prob.v) * T + pulp.lpSum(times) * (1.0 / prob.v)

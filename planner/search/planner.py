@@ -32,7 +32,9 @@ from .partition import PartitionProblem, partition_dp, partition_ilp
 # model, not of every conceivable configuration.
 MAX_PP = 128
 MAX_CP = 32
-MICRO_BATCHES = (1, 2, 4, 8)
+# micro-batch sizes: powers of two while they divide the batch a data-parallel rank gets (memory
+# rules the large ones out where activations do not fit)
+MICRO_BATCHES = (1, 2, 4, 8, 16, 32, 64)
 VPP_CHOICES = (1, 2, 3, 4, 5, 6, 8)
 # Context parallelism is only tried at long sequences: below CP_MIN_SEQ_LENGTH tokens no CP; below
 # CP_FULL_RANGE_SEQ_LENGTH at most CP_SHORT_MAX. Under 8k tokens attention is a small share of a
@@ -44,9 +46,6 @@ CP_SHORT_MAX = 2
 # leaves the rest idle). On a heterogeneous cluster whole node groups may stay idle: a plan on
 # the fast GPUs alone is in the space, so the search says when the slow ones cannot help.
 MIN_GPU_FRACTION = 0.5
-# Refuse a space of more cells than this (bounded time and memory: every cell is bounded
-# up front; its candidates are only built when the cell's bound is reached).
-MAX_CELLS = 200_000
 
 
 @dataclass(frozen=True)
@@ -65,6 +64,12 @@ class SearchOptions:
     partial_recompute: bool = True
     allow_tp_across_nodes: bool = False
     time_limit_s: float = 60.0
+    # a pipeline rank's layers need not divide by vpp: its virtual chunks differ by one layer
+    # (Megatron's --pipeline-model-parallel-layout, as Llama 3 405B ran 126 layers on PP16 x
+    # VPP2); the first and last stages can then carry fewer layers for the embedding and loss.
+    # Off by default until the launch emitter, the launch reader and plan JSON carry
+    # Strategy.chunk_layers (they write and read per-rank counts only).
+    uneven_chunks: bool = False
 
 
 @dataclass
@@ -74,6 +79,7 @@ class SearchResult:
     pruned_memory: int = 0
     pruned_bound: int = 0
     priced: int = 0
+    invalid: int = 0              # candidates the structure rules refused (none by construction)
     seconds: float = 0.0
     solver: str = "dp"
     status: str = "optimal"
@@ -155,6 +161,8 @@ def enumerate_space(model: ModelSpec, cluster: ClusterSpec, o: SearchOptions):
     if model.is_moe:
         eps = [e for e in _pow2_upto(min(model.num_experts, 256)) if model.num_experts % e == 0]
     pps = list(range(1, min(model.num_layers, MAX_PP) + 1))
+    # expert-TP within a node (like TP), dividing the expert FFN (each rank a slice of fc1/fc2)
+    etp_opts = [e for e in _pow2_upto(max_gpn) if model.is_moe and model.moe_ffn_hidden_size % e == 0]
     for key, vals in (("tp", tps), ("cp", cps), ("ep", eps), ("pp", pps)):
         if key in fixed:
             vals[:] = [fixed[key]]
@@ -173,13 +181,15 @@ def enumerate_space(model: ModelSpec, cluster: ClusterSpec, o: SearchOptions):
                 for dp in dps:
                     per = tp * cp * dp
                     for ep in eps:
-                        # expert-TP: 1 (experts whole, the usual choice with EP) or the dense TP
-                        # (Megatron's default when --expert-tensor-parallel-size is unset)
-                        etps = (([1] + ([tp] if tp > 1 else [])) if model.is_moe else [None])
+                        # MoE parallel folding (Megatron-Core): expert-TP independent of the
+                        # dense TP, and EP x expert-TP folded over any of the stage's
+                        # tp x cp x dp ranks; parallel_state.py only needs the expert grid
+                        # (etp x ep x expert-dp) to cover the stage's ranks exactly
+                        etps = etp_opts if model.is_moe else [None]
                         if "etp" in fixed and model.is_moe:
                             etps = [fixed["etp"]]
                         for etp in etps:
-                            if model.is_moe and (per % (etp * ep) or (pp * per) % (etp * ep * pp)):
+                            if model.is_moe and per % (etp * ep):
                                 continue
                             yield tp, cp, pp, dp, ep, etp
 
@@ -189,27 +199,29 @@ def _layer_split_even(L: int, pp: int) -> tuple[int, ...]:
     return tuple(b + (1 if i < e else 0) for i in range(pp))
 
 
-def _proportional_split(model: ModelSpec, s: Strategy, cluster: ClusterSpec, groups: tuple[str, ...]) -> tuple[int, ...]:
-    """Layers in proportion to each stage GPU's speed (a starting point before the exact DP)."""
+def _proportional_split(model: ModelSpec, s: Strategy, cluster: ClusterSpec, groups: tuple[str, ...],
+                        multiple: int) -> tuple[int, ...]:
+    """Layers in proportion to each stage GPU's speed (a starting point before the exact DP):
+    each stage at least vpp layers, in multiples of `multiple`."""
     tk = _time_key(s)
     speed = []
     for name in groups:
         gpu = cluster.group(name).gpu
         speed.append(1.0 / _layer_time(model, tk, gpu, False).total)
-    L, v = model.num_layers, s.vpp
+    L, v, q = model.num_layers, s.vpp, multiple
     tot = sum(speed)
     raw = [L * x / tot for x in speed]
-    split = [max(v, int(round(r / v)) * v) for r in raw]
+    split = [max(v, int(round(r / q)) * q) for r in raw]
     while sum(split) > L:
         i = max(range(len(split)), key=lambda k: split[k] - raw[k])
-        if split[i] - v < v:
+        if split[i] - q < v:
             break
-        split[i] -= v
+        split[i] -= q
     while sum(split) < L:
         i = min(range(len(split)), key=lambda k: split[k] - raw[k])
-        split[i] += v
-    if sum(split) != L or min(split) < 1:
-        return _layer_split_even(L, s.pp)
+        split[i] += q
+    if sum(split) != L or min(split) < v:
+        return tuple(q * n for n in _layer_split_even(L // q, s.pp))
     return tuple(split)
 
 
@@ -245,18 +257,23 @@ def partition_problem(model: ModelSpec, cluster: ClusterSpec, s: Strategy, e: Es
     return PartitionProblem(lt, lm, et, em, cap, s.num_microbatches, s.vpp)
 
 
-def refine_partition(model, cluster, s: Strategy, e: Estimate, solver: str, warnings: list, gaps=None):
-    """The best contiguous layer split for this strategy's stages, in memory (DP or ILP).
-    `gaps` collects the DP's optimality gap (0 unless its work cap stopped it)."""
+def refine_partition(model, cluster, s: Strategy, e: Estimate, solver: str, warnings: list, gaps=None,
+                     uneven: bool = True):
+    """The best contiguous layer split for this strategy's stages, in memory (DP or ILP): each
+    stage at least vpp layers, any count with `uneven` (balanced_chunks), else multiples of
+    vpp. `gaps` collects the DP's optimality gap (0 unless its work cap stopped it)."""
     gaps = [] if gaps is None else gaps
     if s.pp == 1 or (s.recompute_num_layers is not None):
         return None, "none"
     prob = partition_problem(model, cluster, s, e)
+    q = 1 if uneven else s.vpp
+    if len(model.layer_kinds) == 1:
+        prob = replace(prob, max_layers=_exact_max_layers(model, cluster, s, prob, q))
     res = None
     used = "dp"
     if solver.startswith("ilp"):
         try:
-            res = partition_ilp(prob, multiple=s.vpp, solver="highs" if solver == "ilp-highs" else "cbc")
+            res = partition_ilp(prob, multiple=q, least=s.vpp, solver="highs" if solver == "ilp-highs" else "cbc")
             used = res.solver
             if res.status == "time-limit":
                 _warn(warnings, "ILP hit its time limit; its partition may not be optimal")
@@ -264,7 +281,7 @@ def refine_partition(model, cluster, s: Strategy, e: Estimate, solver: str, warn
             _warn(warnings, f"ILP solver failed ({type(exc).__name__}: {exc}); fell back to dynamic programming")
             res = None
     if res is None:
-        res = partition_dp(prob, multiple=s.vpp)
+        res = partition_dp(prob, multiple=q, least=s.vpp)
         used = "dp"
         gaps.append(res.gap)
         if res.status == "bound-limit":
@@ -272,7 +289,41 @@ def refine_partition(model, cluster, s: Strategy, e: Estimate, solver: str, warn
                             f"{res.gap * 100:.2f}% of optimal")
     if res.layers is None:
         return None, used
-    return replace(s, layers_per_stage=res.layers), used
+    return with_split(s, res.layers), used
+
+
+def _exact_max_layers(model: ModelSpec, cluster: ClusterSpec, s: Strategy, prob: PartitionProblem, q: int):
+    """Most layers each stage can hold, by stage_memory itself, for a model of one layer kind
+    (where a stage's memory depends on its count alone): the additive per-layer model of the
+    partition problem is exact only for even chunks and split-independent buffers (uneven
+    chunks keep fewer activations; ZeRO-2/3 buffers follow the stage's parameters). Memory
+    grows with the count, so a walk from the additive estimate finds the exact limit."""
+    placement = placement_of(s)
+    L, v = model.num_layers, s.vpp
+    out = np.zeros(s.pp, dtype=np.int64)
+
+    def fits(i, n, gpu):
+        # the other stages at vpp layers keep stage i's range inside the model
+        split = [v] * s.pp
+        split[i] = n
+        sn = replace(s, layers_per_stage=tuple(split), chunk_layers=balanced_chunks(tuple(split), v))
+        return stage_memory(model, sn, placement, i, gpu).fits
+
+    for i in range(s.pp):
+        gpu = _stage_gpu(cluster, s, i)
+        hi = L - (s.pp - 1) * v          # the most a stage can take with the others at vpp
+        k = prob.layer_mem[i, 0]
+        n = int(np.floor((prob.capacity[i] - prob.extra_mem[i]) / k)) if k > 0 else hi
+        n = min(max(n // q * q, v), hi // q * q)
+        if fits(i, n, gpu):
+            while n + q <= hi and fits(i, n + q, gpu):
+                n += q
+        else:
+            while n - q >= v and not fits(i, n - q, gpu):
+                n -= q
+            n = n - q if n - q >= v else 0
+        out[i] = n
+    return out
 
 
 def _warn(warnings: list, msg: str) -> None:
@@ -295,6 +346,8 @@ class _Bounds:
         self._pp: dict = {}
         self._after: dict = {}
         self._work: dict = {}
+        self._fam: dict = {}
+        self._hop_min: dict = {}
 
     def layer_costs(self, s: Strategy, tk: Strategy, group_name: str) -> tuple[float, float]:
         """(dense, MoE) seconds per layer and micro-batch on this group: compute + TP (+ EP);
@@ -371,25 +424,136 @@ class _Bounds:
                                        for x in (a, b)))
         return v
 
-    def least_hop(self, s: Strategy, a: str, b: str) -> float:
-        """The cheaper of the two ways two stages on groups a and b can talk (on one node only
-        when a stage is smaller than a node of one group)."""
+    def least_hop(self, s: Strategy, a: str, b: str, per: int | None = None) -> float:
+        """The cheaper of the two ways two stages (of `per` GPUs, default s's) on groups a and b
+        can talk (on one node only when a stage is smaller than a node of one group)."""
         hop = self.pp_hop(s, a, b)
-        if a == b and s.gpus_per_stage < self.cluster.group(a).gpus_per_node:
+        per = s.gpus_per_stage if per is None else per
+        if a == b and per < self.cluster.group(a).gpus_per_node:
             hop = min(hop, self.pp_hop(s, a, b, True))
         return hop
 
-    def cell(self, s: Strategy, tk: Strategy, groups: tuple[str, ...]) -> float:
+    def stage_caps(self, per: int, pp: int, layouts: dict) -> dict:
+        """Most stages any placement puts on each node group (from stage_layouts' counts)."""
+        names = [g.name for g in self.cluster.node_groups]
+        return {g: max(c[i] for c in layouts) for i, g in enumerate(names)} if layouts else {}
+
+    def family(self, s: Strategy, tk: Strategy, p: int, m: int, per: int, caps: dict, vmax: int) -> float:
+        """Bound for every stage placement, vpp and ZeRO stage of p stages of `per` GPUs and m
+        micro-batches with s's time class (TP, CP, EP, expert-TP, micro-batch, recompute): the
+        cell bound (below) relaxed to the fastest GPUs the pipeline can use (speeds summed over
+        its p fastest stage slots), the cheapest end stages and hop, and the bubble at the most
+        virtual stages. `caps`: most stages per group."""
+        names = tuple(sorted(g for g, c in caps.items() if c > 0))
+        st = self._family_static(s, tk, names)
+        units, speeds, f_min, emb, out, e_single, least = st
+        S, left = 0.0, p
+        for speed, g in speeds:
+            take = min(caps[g], left)
+            S += take * speed
+            left -= take
+            if left == 0:
+                break
+        if left > 0:
+            return float("inf")
+        if p == 1:
+            return m * max(f_min + e_single, units / S + e_single)
+        hk = (tk, per, names)
+        hop = self._hop_min.get(hk)
+        if hop is None:
+            hop = self._hop_min[hk] = 2 * min(self.least_hop(s, x, y, per) for x in names for y in names)
+        T = max(f_min + hop, units / S + hop)
+        W = least + emb + out + p * hop
+        return min(m * T + (W - T) / v for v in (1, vmax))
+
+    def _family_static(self, s: Strategy, tk: Strategy, names: tuple) -> tuple:
+        """What a family bound needs of its time class on these groups (cached)."""
+        key = (tk, names)
+        v = self._fam.get(key)
+        if v is None:
+            w, least = self.work(s, tk, names)
+            speeds = sorted(((1.0 / w["rate"][g], g) for g in names), reverse=True)
+            ends = [self.ends(s, tk, g) for g in names]
+            v = self._fam[key] = (w["units"] * (1 - _UNITS_TOL), speeds, min(w["floor"][g] for g in names),
+                                  min(e[0] for e in ends), min(e[1] for e in ends), min(a + b for a, b in ends), least)
+        return v
+
+    def cell(self, s: Strategy, tk: Strategy, groups: tuple[str, ...], vpps=(1,), zeros=None) -> float:
         """Bound for every vpp, ZeRO stage and stage order of a multiset of stage groups:
-        m x the least possible slowest-stage time (PP traffic at vpp = 1)."""
-        names = sorted(set(groups))
-        hop = 2 * min(self.least_hop(s, x, y) for x in names for y in names) if s.pp > 1 else 0.0
-        w, _ = self.work(s, tk, names)
-        stages = {}
-        for g in groups:
-            key = (w["rate"][g], w["floor"][g], hop, float("inf"))
-            stages[key] = stages.get(key, 0) + 1
-        return s.num_microbatches * _relaxed_minmax(stages, w["units"], 1)
+        (m - 1/v) T + W / v + the after-step term, minimised over the cell's vpp and ZeRO
+        stages, with T the least slowest-stage time and W the least sum of stage times when
+        every stage pays only the cheapest PP hop and the end stages the cheapest group's
+        embedding / output layer (see `candidate`). zeros None: s's own ZeRO stage."""
+        p, m = s.pp, s.num_microbatches
+        names = tuple(sorted(set(groups)))
+        w, least = self.work(s, tk, names)
+        zeros = (s.zero_stage,) if zeros is None else zeros
+        after = min(self.after_step(s, names, z) for z in zeros)
+        S = sum(1.0 / w["rate"][g] for g in groups)
+        units = w["units"] * (1 - _UNITS_TOL)
+        f_max = max(w["floor"][g] for g in names)
+        ends = [self.ends(s, tk, g) for g in names]
+        if p == 1:
+            e = min(a + b for a, b in ends)
+            return m * max(f_max + e, units / S + e) + after
+        emb, out = min(e[0] for e in ends), min(e[1] for e in ends)
+        hop = 2 * min(self.least_hop(s, x, y) for x in names for y in names)
+        best = float("inf")
+        for v in vpps:
+            e = v * hop
+            T = max(v * f_max + e, units / S + e)
+            best = min(best, (m - 1.0 / v) * T + (least + emb + out + p * e) / v)
+        return best + after
+
+    def children(self, s: Strategy, tk: Strategy, orders, vpps, zeros):
+        """The bounds of every candidate of a cell, (bound, vpp, ZeRO stage, order) each: the
+        closed form of `candidate` (no memory caps) over numpy arrays of the stages, one row
+        per vpp. Stage i pays e_i = its end (embedding / output layer) + 2 v H_i, H_i its
+        slower hop; the relaxed min-max is then T = max(max_i(v f_i + e_i), (U + sum e_i / r_i)
+        / sum 1 / r_i) (every stage below its floor is impossible, above it the layers fill
+        the stages in proportion to speed), W = least + sum e_i."""
+        p, m = s.pp, s.num_microbatches
+        names = tuple(sorted(set(orders[0])))
+        w, least = self.work(s, tk, names)
+        units = w["units"] * (1 - _UNITS_TOL)
+        after = {z: self.after_step(s, names, z) for z in zeros}
+        v = np.array(vpps, dtype=float)[:, None]
+        idx = {g: k for k, g in enumerate(names)}
+        floor = np.array([w["floor"][g] for g in names])
+        rinv = np.array([1.0 / w["rate"][g] for g in names])
+        ends = np.array([self.ends(s, tk, g) for g in names])
+        per = s.gpus_per_stage
+        out = []
+        for groups in orders:
+            gi = np.array([idx[g] for g in groups])
+            end = np.zeros(p)
+            end[0] += ends[gi[0], 0]
+            end[-1] += ends[gi[-1], 1]
+            H = np.zeros(p)
+            if p > 1:
+                h = np.array([self.pp_hop(s, groups[i], groups[i + 1], self._same_node(groups, i, per))
+                              for i in range(p - 1)])
+                H[:-1] = h
+                H[1:] = np.maximum(H[1:], h)
+            F, R = floor[gi], rinv[gi]
+            S = R.sum()
+            e = end[None, :] + 2 * v * H[None, :]
+            T = np.maximum((v * F[None, :] + e).max(axis=1), (units + (e * R[None, :]).sum(axis=1)) / S)
+            W = least + e.sum(axis=1)
+            vv = v[:, 0]
+            pipe = m * T if p == 1 else (m - 1.0 / vv) * T + W / vv
+            for k, vpp in enumerate(vpps):
+                for z in zeros:
+                    out.append((float(pipe[k]) + after[z], vpp, z, groups))
+        return out
+
+    def _same_node(self, groups, i: int, per: int) -> bool:
+        """Whether stages i and i + 1 share a node (estimate's stages_share_node)."""
+        a = groups[i]
+        if a != groups[i + 1]:
+            return False
+        gpn = self.cluster.group(a).gpus_per_node
+        return (i * per) // gpn == ((i + 2) * per - 1) // gpn
 
     def candidate(self, s: Strategy, tk: Strategy, groups: tuple[str, ...], max_layers=None, extra_s=None) -> float:
         """Bound for one concrete candidate (its vpp, ZeRO stage and stage order):
@@ -400,19 +564,18 @@ class _Bounds:
         `max_layers`: the most layers each stage can hold in memory, if known; `extra_s`: seconds
         per micro-batch each stage adds on top of s's layer costs (recompute of k layers)."""
         p, v, m = s.pp, s.vpp, s.num_microbatches
+        L = self.model.num_layers
         names = sorted(set(groups))
         w, least = self.work(s, tk, names)
         # hop[i]: stage i to stage i + 1, on one node or across (estimate's stages_share_node)
         per = s.gpus_per_stage
-        gpn = {g: self.cluster.group(g).gpus_per_node for g in names}
         seen: dict = {}
         hop = []
         for i in range(p - 1):
             a, b = groups[i], groups[i + 1]
-            same = a == b and (i * per) // gpn[a] == ((i + 2) * per - 1) // gpn[a]
-            key = (a, b, same)
+            key = (a, b, self._same_node(groups, i, per))
             if key not in seen:
-                seen[key] = 2 * v * self.pp_hop(s, a, b, same)
+                seen[key] = 2 * v * self.pp_hop(s, *key)
             hop.append(seen[key])
         stages: dict = {}
         W = least
@@ -427,10 +590,10 @@ class _Bounds:
             if extra_s is not None:
                 e += extra_s[i]
             cap = float("inf") if max_layers is None else max_layers[i] * w["unit_max"]
-            key = (w["rate"][g], w["floor"][g], e, cap)
+            key = (w["rate"][g], w["floor"][g], e, cap, L if max_layers is None else max_layers[i])
             stages[key] = stages.get(key, 0) + 1
             W += e
-        T = _relaxed_minmax(stages, w["units"], v)
+        T = max(_relaxed_minmax(stages, w["units"], v), _integer_minmax(stages, L, v))
         pipe = m * T if p == 1 else (m - 1.0 / v) * T + W / v
         return pipe + self.after_step(s, names)
 
@@ -451,15 +614,18 @@ class _Bounds:
         plain = replace(s, recompute="none", recompute_num_layers=None)
         return self.candidate(plain, tk or _time_key(plain), groups, max_layers, extra_s=self.recompute_extra(s, groups))
 
-    def after_step(self, s: Strategy, names) -> float:
+    def after_step(self, s: Strategy, names, zero: int | None = None) -> float:
         """Least seconds after the pipeline drains (estimate's after-step term, max over
         stages): the optimizer step of the slowest stage takes at least the mean shard on the
         fastest GPU (Adam is memory-bound, affine in its bytes), and every stage exposes at
         least its last layer's per-step DP collectives (estimate: t_dp / n_layers, and t_dp is
         affine in the bytes, so t_dp / n >= the bandwidth term of one layer's share)."""
-        key = (s.tp, s.pp, s.dp, s.cp, s.ep, s.etp, s.zero_stage, s.offload_optimizer, tuple(names))
+        z = s.zero_stage if zero is None else zero
+        key = (s.tp, s.pp, s.dp, s.cp, s.ep, s.etp, z, s.offload_optimizer, tuple(names))
         v = self._after.get(key)
         if v is None:
+            if z != s.zero_stage:
+                s = replace(s, zero_stage=z, overlap_param_gather=z >= 1)
             model = self.model
             placement = placement_of(s)
             all_stages = layer_range_params(model, s, 0, model.num_layers, True, True)
@@ -502,15 +668,15 @@ _UNITS_TOL = 1e-9
 _REQUEUE_SLACK = 1e-9
 
 
-def _relaxed_minmax(stages: dict[tuple[float, float, float, float], int], units: float, n_min: int) -> float:
+def _relaxed_minmax(stages: dict[tuple, int], units: float, n_min: int) -> float:
     """Least T such that the layers fit under it with at least n_min per stage, over real
     (fractional) layer splits. A stage (r seconds per work unit, f least seconds of one layer,
     e fixed seconds, cap most units its memory holds) takes >= r u + e for u <= cap work units,
     and >= n_min f + e as it holds n_min layers; `stages` maps each to how many stages share it.
     So T >= max(n_min f + e), and sum min(cap, (T - e)/r) >= units, whose left side is
     increasing and piecewise linear in T: solved exactly piece by piece."""
-    items = [(r, e, cap, k) for (r, _, e, cap), k in stages.items()]
-    floor = max(n_min * f + e for (_, f, e, _) in stages)
+    items = [(r, e, cap, k) for (r, _, e, cap, _), k in stages.items()]
+    floor = max(n_min * f + e for (_, f, e, _, _) in stages)
     need_units = units * (1 - _UNITS_TOL)   # caps that exactly hold the model are enough
 
     def held(T):
@@ -532,22 +698,107 @@ def _relaxed_minmax(stages: dict[tuple[float, float, float, float], int], units:
     return float("inf")
 
 
+# Relative slack on a layer count computed from a time (floors of float quotients).
+_COUNT_TOL = 1e-9
+# Bisection steps of the integer min-max (the interval shrinks 2^-60: below any float gap).
+_BISECT_STEPS = 60
+
+
+def _integer_minmax(stages: dict[tuple, int], n_layers: int, n_min: int) -> float:
+    """Least T such that whole layers fit under it: a stage (f least seconds of one layer, e
+    fixed seconds, at most n_cap layers in memory) holds at most min(n_cap, floor((T - e) / f))
+    layers and at least n_min, and the stages must hold all n_layers. With a few layers per
+    stage this is well above the fractional bound of _relaxed_minmax (61 layers on 24 stages
+    need a stage of 3). Bisection keeps the low end, where the layers do not fit, so the value
+    returned never exceeds the true least T."""
+    items = [(f, e, n_cap, k) for (_, f, e, _, n_cap), k in stages.items()]
+
+    def held(T):
+        return sum(k * min(n_cap, int((T - e) / f * (1 + _COUNT_TOL))) for f, e, n_cap, k in items)
+
+    lo = max(n_min * f + e for f, e, _, _ in items)
+    if held(lo) >= n_layers:
+        return lo
+    hi = max(max(n_cap, n_min) * f + e for f, e, n_cap, _ in items)
+    if held(hi) < n_layers:
+        return float("inf")
+    for _ in range(_BISECT_STEPS):
+        mid = 0.5 * (lo + hi)
+        if mid <= lo or mid >= hi:
+            break
+        if held(mid) >= n_layers:
+            hi = mid
+        else:
+            lo = mid
+    return lo
+
+
 # ---- the search ------------------------------------------------------------------------------
 
-def _initial_split(model: ModelSpec, cluster: ClusterSpec, s: Strategy, groups: tuple[str, ...]):
+def balanced_chunks(layers_per_stage: tuple[int, ...], vpp: int) -> tuple[int, ...] | None:
+    """chunk_layers for a split whose ranks need not hold a multiple of vpp layers: each rank's
+    chunks differ by at most one layer, the larger ones last (Megatron's layout order: segment
+    k is chunk k // pp of rank k % pp). Later chunks hold no more micro-batches than earlier
+    ones at any point of the interleaved schedule (forwards run chunk 0 first, backwards the
+    last chunk first), so this arrangement has the least activation peak of the balanced ones.
+    None when every rank's chunks are even (Megatron's --num-virtual-stages-per-pipeline-rank)."""
+    if vpp == 1 or all(n % vpp == 0 for n in layers_per_stage):
+        return None
+    p = len(layers_per_stage)
+    out = [0] * (p * vpp)
+    for r, n in enumerate(layers_per_stage):
+        base, extra = divmod(n, vpp)
+        for c in range(vpp):
+            out[c * p + r] = base + (1 if c >= vpp - extra else 0)
+    return tuple(out)
+
+
+def with_split(s: Strategy, split: tuple[int, ...] | None) -> Strategy:
+    """s on layer split `split` (None: the default even split), with its chunk layout."""
+    return replace(s, layers_per_stage=split, chunk_layers=None if split is None else balanced_chunks(split, s.vpp))
+
+
+def _initial_split(model: ModelSpec, cluster: ClusterSpec, s: Strategy, groups: tuple[str, ...],
+                   uneven: bool = True):
     """(valid, split): a starting split before the exact partition. Across node groups, layers
-    in proportion to GPU speed; else even, in multiples of the virtual stages (split None: the
-    default even split). valid is False when no split gives every stage a multiple of vpp."""
+    in proportion to GPU speed; else even (split None: the default even split). With `uneven`
+    a rank's layers need not divide by vpp (its chunks differ by one layer, balanced_chunks);
+    else every rank holds a multiple of vpp. valid is False when no split is possible."""
     L, p, v = model.num_layers, s.pp, s.vpp
-    if L < p * v or L % v:
+    if L < p * v or (not uneven and L % v):
         return False, None
     if cluster.is_heterogeneous and len(set(groups)) > 1:
-        return True, _proportional_split(model, s, cluster, groups)
-    if L % p == 0 and (L // p) % v == 0:
+        return True, _proportional_split(model, s, cluster, groups, 1 if uneven else v)
+    if L % p == 0 and (uneven or (L // p) % v == 0):
         return True, None
-    # uneven: the extra chunks go to the last stages, which hold fewer in-flight activations
+    if uneven:
+        # the extra layers go to the last stages, which hold fewer in-flight activations
+        base, extra = divmod(L, p)
+        return True, tuple(base + (1 if i >= p - extra else 0) for i in range(p))
     base, extra = divmod(L // v, p)
     return True, tuple(v * (base + (1 if i >= p - extra else 0)) for i in range(p))
+
+
+# heap entry kinds
+_FAMILY, _CELL, _CAND, _REQUEUED, _BLOCK = 0, 1, 2, 3, 4
+
+
+@dataclass
+class _Family:
+    """Degrees x micro-batch x recompute: every stage placement, vpp, ZeRO stage and order."""
+    base: Strategy                 # vpp 1, no placement; recompute 'none' for a block family
+    tk: Strategy
+    block: bool
+    vpps: tuple[int, ...]
+    layouts: dict                  # stage counts per group -> stage orders
+    count: int                     # candidates it stands for
+
+
+@dataclass
+class _Cell:
+    family: _Family
+    orders: tuple
+    count: int
 
 
 def search(model: ModelSpec, cluster: ClusterSpec, o: SearchOptions, progress=None) -> SearchResult:
@@ -558,16 +809,31 @@ def search(model: ModelSpec, cluster: ClusterSpec, o: SearchOptions, progress=No
     fixed = dict(o.fixed)
     res = SearchResult(plans=[], solver=o.solver)
     bounds = _Bounds(model, cluster)
+    L = model.num_layers
     mbs_opts = [fixed["mbs"]] if "mbs" in fixed else list(MICRO_BATCHES)
     rec_opts = [fixed["recompute"]] if "recompute" in fixed else list(o.recompute)
     zero_opts = [fixed["zero"]] if "zero" in fixed else list(o.zero_stages)
     vpp_opts = [fixed["vpp"]] if "vpp" in fixed else list(VPP_CHOICES)
-    heap: list = []   # (bound, tie, kind, payload): kind 0 = a cell to expand, 1 = a candidate
-    interned: dict = {}
+    block_ok = "full" in rec_opts and o.partial_recompute and "recompute" not in fixed
+    heap: list = []   # (bound, tie, kind, payload)
     tie = itertools.count()
-    # 1. cells: degrees x micro-batch x recompute x how many stages each node group hosts
+    interned: dict = {}
+    layouts_cache: dict = {}
+    found: list[Estimate] = []
+
+    def kth_best() -> float:
+        return found[o.top - 1].step_time_s if len(found) >= o.top else float("inf")
+
+    # 1. families: degrees x micro-batch x recompute, bounded over all their stage placements.
+    # A family is a tuple until it is reached; its Strategy is built from its time class's.
+    classes: dict = {}
     for tp, cp, pp, dp, ep, etp in enumerate_space(model, cluster, o):
-        layouts = stage_layouts(cluster, tp * cp * dp, pp)
+        per = tp * cp * dp
+        lkey = (per, pp)
+        if lkey not in layouts_cache:
+            lay = stage_layouts(cluster, per, pp)
+            layouts_cache[lkey] = (lay, sum(len(v) for v in lay.values()), bounds.stage_caps(per, pp, lay))
+        layouts, n_orders, caps = layouts_cache[lkey]
         if not layouts:
             continue
         for mbs in mbs_opts:
@@ -576,37 +842,33 @@ def search(model: ModelSpec, cluster: ClusterSpec, o: SearchOptions, progress=No
             m = o.global_batch_size // (mbs * dp)
             vpps = [v for v in vpp_opts
                     if v == 1 or (pp >= 2 and m % pp == 0 and "interleaved" in o.schedules
-                                  and model.num_layers % v == 0 and model.num_layers >= pp * v)]
-            block = "full" in rec_opts and o.partial_recompute and "recompute" not in fixed
-            for rec in rec_opts + (["block"] if block else []):
-                # a 'block' cell is bounded as if nothing were recomputed (its children add the
-                # recompute of their k layers per chunk to the bound)
-                base = Strategy(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, etp=etp, micro_batch_size=mbs,
-                                global_batch_size=o.global_batch_size, seq_length=o.seq_length,
-                                recompute="none" if rec == "block" else rec, sequence_parallel=tp > 1,
-                                precision=o.precision, overlap_grad_reduce=True)
-                tk = interned.setdefault(_time_key(base), _time_key(base))   # one object per key: cache hits by identity
-                vpps_here = [v for v in vpps if model.num_layers // pp // v >= 2] if rec == "block" else vpps
-                for orders in layouts.values():
-                    n_children = len(vpps_here) * len(zero_opts) * len(orders)
-                    if n_children == 0:
-                        continue
-                    res.candidates += n_children
-                    if len(heap) >= MAX_CELLS:
-                        raise PlannerError(f"search space exceeds {MAX_CELLS} cells (degrees x micro-batch x "
-                                           "recompute x stage placement); fix some degrees with --fix "
-                                           "(e.g. --fix tp=8 --fix pp=16)")
-                    lb = bounds.cell(base, tk, orders[0])
-                    heapq.heappush(heap, (lb, next(tie), 0, (base, tk, tuple(orders), tuple(vpps_here), n_children,
-                                                            rec == "block")))
-    # 2. best first: expand cells into candidates, price candidates, stop at the K-th best plan
-    found: list[Estimate] = []
+                                  and L >= pp * v and (o.uneven_chunks or L % v == 0))]
+            for rec in rec_opts + (["block"] if block_ok else []):
+                block = rec == "block"
+                # a block family is bounded as if nothing were recomputed (its candidates add the
+                # recompute of their k layers per chunk); its chunks stay even
+                vh = tuple(v for v in vpps if L % v == 0 and L // pp // v >= 2) if block else tuple(vpps)
+                count = n_orders * len(vh) * len(zero_opts)
+                if count == 0:
+                    continue
+                ckey = (tp, cp, ep, etp, mbs, "none" if block else rec)
+                cls = classes.get(ckey)
+                if cls is None:
+                    ts = Strategy(tp=tp, cp=cp, ep=ep, etp=etp, micro_batch_size=mbs,
+                                  global_batch_size=o.global_batch_size, seq_length=o.seq_length,
+                                  recompute=ckey[5], sequence_parallel=tp > 1, precision=o.precision,
+                                  overlap_grad_reduce=True)
+                    cls = classes[ckey] = (ts, _time_key(ts))
+                res.candidates += count
+                lb = bounds.family(cls[0], cls[1], pp, m, per, caps, max(vh))
+                heapq.heappush(heap, (lb, next(tie), _FAMILY, (cls, pp, dp, block, vh, lkey, count)))
+    # 2. best first: families -> cells -> candidates -> priced plans, until the K-th best plan
+    # is no worse than every bound left
     seen: set = set()
     closest = None
     done = 0
-
-    def kth_best() -> float:
-        return found[o.top - 1].step_time_s if len(found) >= o.top else float("inf")
+    screens: dict = {}
+    unfit: list = []   # the first families memory ruled out, for the closest-plan report
 
     while heap:
         lb, _, kind, payload = heap[0]
@@ -621,49 +883,52 @@ def search(model: ModelSpec, cluster: ClusterSpec, o: SearchOptions, progress=No
                                 f"the plans are the best of those priced")
             break
         heapq.heappop(heap)
-        if kind == 0:
-            base, tk, orders, vpps, _, block = payload
-            for vpp in vpps:
-                for z in zero_opts:
-                    for groups in orders:
-                        c = replace(base, vpp=vpp, schedule="interleaved" if vpp > 1 else "1f1b",
-                                    zero_stage=z, overlap_param_gather=z >= 1,
-                                    stage_node_groups=groups if cluster.is_heterogeneous else None)
-                        if not block:
-                            heapq.heappush(heap, (bounds.candidate(c, tk, groups), next(tie), 1, c))
-                            continue
-                        # full recompute of k layers per chunk: queued with the bound of k = 1
-                        # (each stage re-runs at least vpp layers); k is chosen when it is popped
-                        lb1 = bounds.block_candidate(replace(c, recompute="full", recompute_num_layers=1), groups, tk=tk)
-                        heapq.heappush(heap, (lb1, next(tie), 3, (c, tk, groups)))
+        if kind == _FAMILY:
+            (ts, tk), pp, dp, block, vh, lkey, count = payload
+            fam = _Family(replace(ts, pp=pp, dp=dp), tk, block, vh, layouts_cache[lkey][0], count)
+            if not _family_may_fit(model, cluster, fam, zero_opts, o.uneven_chunks, screens):
+                res.pruned_memory += fam.count
+                if not found and len(unfit) < _CLOSEST_FAMILIES:
+                    unfit.append(fam)
+                continue
+            kth = kth_best()
+            for counts, orders in fam.layouts.items():
+                n = len(orders) * len(fam.vpps) * len(zero_opts)
+                cb = bounds.cell(fam.base, fam.tk, orders[0], fam.vpps, zero_opts)
+                if cb >= kth:
+                    res.pruned_bound += n
+                    continue
+                heapq.heappush(heap, (cb, next(tie), _CELL, _Cell(fam, tuple(orders), n)))
             continue
-        if kind == 3:
+        if kind == _CELL:
+            cell = payload
+            fam = cell.family
+            kth = kth_best()
+            for b, vpp, z, groups in bounds.children(fam.base, fam.tk, cell.orders, fam.vpps, zero_opts):
+                if b >= kth:
+                    res.pruned_bound += 1
+                    continue
+                heapq.heappush(heap, (b, next(tie), _BLOCK if fam.block else _CAND, (fam, vpp, z, groups)))
+            continue
+        if kind == _BLOCK:
             # a block-recompute child: on its starting split (the partition assumes every layer
             # recomputed alike, so it is not re-solved), more recomputed layers only cost time
             # and save memory, so the smallest k that fits dominates every larger k
-            c, tk, groups = payload
-            valid, split = _initial_split(model, cluster, c, groups)
-            if not valid:
-                continue
+            c, groups = _child(payload, cluster, uneven=False)
+            valid, split = _initial_split(model, cluster, c, groups, uneven=False)
             per_chunk = min(split or c.stage_layers(model)) // c.vpp
             ck = _least_block_recompute(model, cluster, replace(c, recompute="full", layers_per_stage=split),
                                         per_chunk - 1)
             if ck is None:
                 res.pruned_memory += 1
                 continue
-            heapq.heappush(heap, (bounds.block_candidate(ck, groups, tk=tk), next(tie), 1, ck))
+            b = bounds.block_candidate(ck, groups, tk=payload[0].tk)
+            heapq.heappush(heap, (b, next(tie), _REQUEUED, ck))
             continue
-        c = payload
-        if kind == 1:
-            if c.recompute_num_layers is None:
-                valid, split = _initial_split(model, cluster, c, c.stage_node_groups or ())
-                if not valid:
-                    continue   # no split gives every stage a multiple of vpp layers
-                c = replace(c, layers_per_stage=split)
-            try:
-                check_structure(c, model)
-            except InvalidStrategy:
-                continue
+        if kind == _CAND:
+            c, groups = _child(payload, cluster, uneven=o.uneven_chunks)
+            valid, split = _initial_split(model, cluster, c, groups, o.uneven_chunks)
+            c = with_split(c, split)
             done += 1
             if progress:
                 progress(done, res.candidates)
@@ -674,15 +939,21 @@ def search(model: ModelSpec, cluster: ClusterSpec, o: SearchOptions, progress=No
                     closest = (short_bytes, c)
                 continue
             # with the layers each stage can hold, the bound may rise: queue it again
-            groups = c.stage_node_groups or (cluster.node_groups[0].name,) * c.pp
-            lb2 = (bounds.candidate(c, _time_key(c), groups, n_max) if c.recompute_num_layers is None
-                   else bounds.block_candidate(c, groups, n_max))
+            lb2 = bounds.candidate(c, payload[0].tk, groups, n_max)
             if lb2 > lb * (1 + _REQUEUE_SLACK):
-                heapq.heappush(heap, (lb2, next(tie), 2, c))
+                heapq.heappush(heap, (lb2, next(tie), _REQUEUED, c))
                 continue
-        best, short = _price(model, cluster, c, "dp", res)
+        else:   # _REQUEUED
+            c = payload
+            if c.recompute_num_layers is not None:
+                done += 1
+                if progress:
+                    progress(done, res.candidates)
+                if not _fits_exactly(model, cluster, c):
+                    res.pruned_memory += 1
+                    continue
+        best, short = _price(model, cluster, c, "dp", res, o.uneven_chunks)
         if best is None:
-            res.pruned_memory += 1
             if short is not None and (closest is None or short[0] < closest[0]):
                 closest = short
             continue
@@ -692,10 +963,12 @@ def search(model: ModelSpec, cluster: ClusterSpec, o: SearchOptions, progress=No
         found.append(best)
         found.sort(key=lambda e: e.step_time_s)
         del found[max(o.top, 1):]
-    res.pruned_bound += sum(p[4] if k == 0 else 1 for _, _, k, p in heap)
+    res.pruned_bound += sum(p[-1] if k == _FAMILY else (p.count if k == _CELL else 1) for _, _, k, p in heap)
     if o.solver.startswith("ilp"):
-        found = _ilp_cross_check(model, cluster, found, o.solver, res)
+        found = _ilp_cross_check(model, cluster, found, o.solver, res, o.uneven_chunks)
     res.plans = found[:o.top]
+    if not res.plans and closest is None:
+        closest = _closest_of(model, cluster, unfit, zero_opts)
     if not res.plans and closest is not None:
         res.closest = closest[1] if isinstance(closest[1], Estimate) else estimate(model, cluster, closest[1])
     if res.plans and cluster.is_heterogeneous:
@@ -703,6 +976,88 @@ def search(model: ModelSpec, cluster: ClusterSpec, o: SearchOptions, progress=No
         res.idle_groups = [g.name for g in cluster.node_groups if g.name not in used]
     res.seconds = time.perf_counter() - t0
     return res
+
+
+# Families ruled out by memory whose smallest candidate is tried for the closest-plan report.
+_CLOSEST_FAMILIES = 32
+
+
+def _closest_of(model, cluster, families: list, zeros) -> tuple | None:
+    """(bytes short, strategy) of the family candidate closest to fitting: each family's first
+    placement at vpp 1 under each ZeRO stage, on its starting split."""
+    best = None
+    for fam in families:
+        orders = next(iter(fam.layouts.values()))
+        for z in zeros:
+            c, groups = _child((fam, 1, z, orders[0]), cluster, uneven=False)
+            if fam.block:
+                c = replace(c, recompute="full")
+            valid, split = _initial_split(model, cluster, c, groups, uneven=False)
+            if not valid:
+                continue
+            c = with_split(c, split)
+            short = max(m.total - m.capacity for m in _stage_memories(model, cluster, c))
+            if best is None or short < best[0]:
+                best = (short, c)
+    return best
+
+
+def _child(payload, cluster: ClusterSpec, uneven: bool) -> tuple[Strategy, tuple[str, ...]]:
+    """The Strategy of a queued candidate (built only when it is reached)."""
+    fam, vpp, z, groups = payload
+    c = replace(fam.base, vpp=vpp, schedule="interleaved" if vpp > 1 else "1f1b",
+                zero_stage=z, overlap_param_gather=z >= 1,
+                stage_node_groups=groups if cluster.is_heterogeneous else None)
+    return c, groups
+
+
+# The family memory screen evaluates the middle stages at this many points (each bounds the
+# stages up to it: see _family_may_fit); the candidates' own screen looks at every stage.
+_SCREEN_POINTS = 8
+
+
+def _family_may_fit(model, cluster, fam: _Family, zeros, uneven: bool, cache: dict) -> bool:
+    """Whether any candidate of the family can fit: stage i holds at most the layers that fit
+    on the roomiest GPU of the family's groups under the most sparing ZeRO stage at vpp 1
+    (virtual stages only keep more micro-batches in flight; an uneven rank of n layers holds at
+    least the activations of the even v floor(n / v) below it, hence the v - 1 extra), with
+    the lower bounds of cost/memory.py. Under 1F1B a later middle stage keeps no more
+    micro-batches than an earlier one (p - i - 1 warm-up forwards), so its room is no smaller:
+    the middle stages are evaluated at _SCREEN_POINTS points, each standing for the stages
+    before it. A block family is screened as full recompute of every layer (its candidates
+    recompute fewer and keep more)."""
+    base = replace(fam.base, recompute="full") if fam.block else fam.base
+    vmax = max(fam.vpps)
+    slack = vmax - 1 if (uneven and not fam.block) else 0
+    names = tuple(sorted({g for orders in fam.layouts.values() for gs in orders for g in gs}))
+    key = (base, tuple(zeros), slack, names)
+    v = cache.get(key)
+    if v is not None:
+        return v
+    p, L = base.pp, model.num_layers
+    middle = list(range(1, p - 1))
+    step = max(1, -(-len(middle) // _SCREEN_POINTS))
+    points = sorted({0, p - 1} | set(middle[step - 1::step]) | ({middle[-1]} if middle else set()))
+    room = dict.fromkeys(points, 0)
+    for z in zeros:
+        s = replace(base, zero_stage=z, overlap_param_gather=z >= 1)
+        placement = placement_of(s)
+        for g in names:
+            gpu = cluster.group(g).gpu
+            alloc = allocatable_bytes(model, s, gpu)
+            for i in points:
+                per_layer = min(layer_memory_bytes(model, s, placement, i, k, gpu) for k in model.layer_kinds)
+                r = int(max((alloc - stage_fixed_bytes_lower_bound(model, s, placement, i)) // per_layer, 0))
+                room[i] = max(room[i], r)
+    # each middle stage up to a point holds at most that point's room
+    total, prev = 0, 0
+    for i in points:
+        n_stages = 1 if i in (0, p - 1) else i - prev
+        if i not in (0, p - 1):
+            prev = i
+        total += n_stages * min(room[i] + slack, L)
+    v = cache[key] = total >= L and room[0] >= 1 and room[p - 1] >= 1
+    return v
 
 
 def _stage_gpu(cluster: ClusterSpec, s: Strategy, i: int):
@@ -758,6 +1113,10 @@ def _memory_screen(model: ModelSpec, cluster: ClusterSpec, s: Strategy, need_sho
         room = (allocatable_bytes(model, s, gpu)
                 - stage_fixed_bytes_lower_bound(model, s, placement, i)) // per
         room = int(max(room, 0)) // s.vpp * s.vpp
+        if s.recompute_num_layers is None and room >= s.vpp:
+            # a rank of n layers, n not a multiple of vpp, keeps at least the activations of
+            # the even vpp floor(n / vpp) layers below it (its chunks only grow)
+            room += s.vpp - 1
         if room < s.vpp:
             may_fit = False
         n_max.append(room)
@@ -768,18 +1127,19 @@ def _memory_screen(model: ModelSpec, cluster: ClusterSpec, s: Strategy, need_sho
     return may_fit, short, n_max
 
 
-def _price(model, cluster, s: Strategy, solver: str, res: SearchResult):
+def _price(model, cluster, s: Strategy, solver: str, res: SearchResult, uneven: bool = True):
     """Estimate one candidate and re-split its layers exactly. Returns (the best fitting
     estimate or None, (bytes short, estimate) when it does not fit)."""
     try:
         e = estimate(model, cluster, s)
     except InvalidStrategy:
+        res.invalid += 1
         return None, None
     res.priced += 1
     res.priced_estimates.append(e)
     best = e if e.fits else None
     gaps: list = []
-    s2, used = refine_partition(model, cluster, s, e, solver, res.warnings, gaps)
+    s2, used = refine_partition(model, cluster, s, e, solver, res.warnings, gaps, uneven)
     if used != "none":
         res.solver = used
     res.optimality_gap = max([res.optimality_gap] + gaps)
@@ -803,12 +1163,13 @@ def _estimate_split(model, cluster, s: Strategy, s2):
         return None
 
 
-def _ilp_cross_check(model, cluster, plans: list[Estimate], solver: str, res: SearchResult) -> list[Estimate]:
+def _ilp_cross_check(model, cluster, plans: list[Estimate], solver: str, res: SearchResult,
+                     uneven: bool = True) -> list[Estimate]:
     """--solver ilp: the search prices with the exact DP (milliseconds a candidate); the top
     plans' splits are then solved again as an ILP, which agrees unless a solver limit hit."""
     out = []
     for e in plans:
-        s2, used = refine_partition(model, cluster, e.strategy, e, solver, res.warnings)
+        s2, used = refine_partition(model, cluster, e.strategy, e, solver, res.warnings, uneven=uneven)
         if used.startswith("ilp"):
             res.solver = f"dp, checked by {used}"
         e2 = _estimate_split(model, cluster, e.strategy, s2)
