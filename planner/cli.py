@@ -138,8 +138,8 @@ def estimate(
     from .library import load_cluster_ref, load_model_ref
     c = load_cluster_ref(cluster)
     if megatron_args:
-        from .emit.megatron_parse import parse_file
-        from .emit.megatron_rules import check_megatron
+        from .megatron.launch import parse_file
+        from .megatron.rules import check_megatron
         launch = parse_file(megatron_args)
         m = load_model_ref(model) if model else launch.model
         s = launch.strategy
@@ -384,7 +384,7 @@ def compare(
     as_json: bool = typer.Option(False, "--json"),
 ):
     """Two plans (or launches) side by side on one cluster, and the terms that differ."""
-    from .emit.check import load_plan_or_launch
+    from .megatron.check import load_plan_or_launch
     from .emit.explain import differing_terms, render_compare
     from .emit.report import estimate_to_dict
     from .estimate import estimate as run_estimate
@@ -414,7 +414,7 @@ def check(
 ):
     """CI gate: exit 0 if the launch is valid and fits, 1 if it breaks a rule or does not fit,
     2 if the input is unusable."""
-    from .emit.check import run_check
+    from .megatron.check import run_check
     code = run_check(cluster, megatron_args, plan_file, model, world_size, as_json, console, err_console)
     raise typer.Exit(code)
 

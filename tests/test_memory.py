@@ -3,7 +3,7 @@ import yaml
 
 from planner.cost import activations as act
 from planner.cost.memory import stage_memory
-from planner.emit.megatron_parse import parse_words, tokenize
+from planner.megatron.launch import parse_words, tokenize
 from planner.library import load_bundled_profile, load_model_ref
 from planner.placement import placement_of
 from planner.specs.model import model_from_dict

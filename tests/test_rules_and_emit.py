@@ -6,9 +6,10 @@ import sys
 import pytest
 import yaml
 
-from planner.emit.megatron import checked_args, layout_string
-from planner.emit.megatron_parse import parse_text, parse_words, tokenize
-from planner.emit.megatron_rules import megatron_violations
+from planner.megatron.emit import checked_args, layout_string
+from planner.megatron.launch import parse_text, parse_words
+from planner.megatron.rules import megatron_violations
+from planner.megatron.shell import tokenize
 from planner.errors import SpecError
 from planner.estimate import estimate
 from planner.library import load_cluster_ref, load_model_ref
@@ -158,7 +159,7 @@ def test_gate_prices_an_emitted_heterogeneous_launch_as_the_plan(tmp_path):
 def test_stages_smaller_than_a_node_share_it_in_the_launch():
     """Regression: a stage of 4 GPUs on 8-GPU nodes took a whole node in the host map, so
     launch.sh started twice the world size."""
-    from planner.emit.megatron import launch_script, stage_host_map
+    from planner.megatron.emit import launch_script, stage_host_map
 
     s = Strategy(tp=2, pp=16, dp=2, micro_batch_size=1, global_batch_size=64, seq_length=4096,
                  stage_node_groups=("a100",) * 8 + ("h100",) * 8)

@@ -10,7 +10,7 @@ import tempfile
 from pathlib import Path
 
 from ..errors import PlannerError
-from .megatron import checked_args, launch_script, stage_host_map
+from ..megatron.emit import checked_args, launch_script, stage_host_map
 from .report import estimate_to_dict
 
 

@@ -1,22 +1,21 @@
 """Read a Megatron-LM command line or argument file into a ModelSpec and a Strategy.
 
-Accepts shell quoting, backslash-newline continuations, '#' comments, a leading
-`torchrun ... pretrain_gpt.py` (or `python pretrain_gpt.py`), `--flag=value` and `--flag value`.
-`$VAR` / `${VAR}` are expanded from the environment; one that is not set is an error naming it.
-Flags that change memory or time are understood; others are kept and reported as ignored.
+A leading `torchrun ... pretrain_gpt.py` (or `python pretrain_gpt.py`) gives the world size;
+`--flag=value` and `--flag value`. Flags that change memory or time are understood; others are
+kept and reported as ignored. Shell words come from planner.megatron.shell.
 """
 
 from __future__ import annotations
 
-import os
 import re
-import shlex
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ..errors import SpecError
 from ..specs.model import ModelSpec, model_from_dict
 from ..strategy import Strategy
+from .layout import layout_stage_layers
+from .shell import _tokenize, tokenize  # noqa: F401 (tokenize: part of the reader's API)
 
 # flag -> (kind, model field or strategy field). kinds: int, float, str, true, false
 MODEL_FLAGS = {
@@ -99,57 +98,6 @@ class MegatronLaunch:
     world_size: int | None       # from torchrun --nnodes x --nproc-per-node, if present
     source: str
     script_env: tuple = ()       # (name, value) the script itself sets before launching
-
-
-# $NAME, ${NAME}, ${NAME:-default} / ${NAME-default} (shell default values)
-_VAR = re.compile(r"\$(?:\{([A-Za-z_][A-Za-z0-9_]*)(?::?-([^}]*))?\}|([A-Za-z_][A-Za-z0-9_]*))")
-_ASSIGN = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)=(.*)", re.S)
-
-
-def _expand(text: str, source: str, env: dict, strict: bool = True) -> str:
-    def sub(m):
-        name = m.group(1) or m.group(3)
-        if name in env:
-            return env[name]
-        if m.group(2) is not None:
-            return m.group(2)
-        if not strict:
-            return m.group(0)
-        raise SpecError(source, name, "environment variable is not set; set it or write the value")
-    return _VAR.sub(sub, text)
-
-
-def tokenize(text: str, source: str, env: dict | None = None) -> list[str]:
-    """Shell words of a launch script, variables expanded. Assignments before the training
-    script (NNODES=${NNODES:-8}, export X=1) define variables for the words after them; words
-    before the launcher line are not needed, so their unknown variables are not an error."""
-    return _tokenize(text, source, env)[0]
-
-
-def _tokenize(text: str, source: str, env: dict | None = None) -> tuple[list[str], dict]:
-    """(words, the variables the script assigns before its training script)."""
-    env = dict(os.environ) if env is None else dict(env)
-    assigned: dict = {}
-    text = text.replace("\\\r\n", " ").replace("\\\n", " ")   # backslash continuations
-    try:
-        lex = shlex.shlex(text, posix=True)
-        lex.whitespace_split = True
-        lex.commenters = "#"
-        words = list(lex)
-    except ValueError as exc:
-        raise SpecError(source, None, f"cannot split into shell words: {exc}") from None
-    script = max((i for i, w in enumerate(words) if w.endswith(".py")), default=None)
-    out = []
-    for i, w in enumerate(words):
-        before = script is not None and i < script
-        m = _ASSIGN.fullmatch(w) if before else None
-        if m:
-            env[m.group(1)] = assigned[m.group(1)] = _expand(m.group(2), source, env, strict=False)
-        elif before and i > 0 and words[i - 1] == "unset" and re.fullmatch(r"[A-Za-z_]\w*", w):
-            env.pop(w, None)
-            assigned[w] = None   # explicitly unset
-        out.append(_expand(w, source, env, strict=not before))
-    return out, assigned
 
 
 def _strip_launcher(words: list[str]) -> tuple[list[str], int | None]:
@@ -263,28 +211,6 @@ def parse_file(path: str | Path, env: dict | None = None, default_world_size: in
     if len(text) > 1_000_000:
         raise SpecError(str(path), None, "larger than 1 MB; not a launch file")
     return parse_text(text, str(path), env, default_world_size)
-
-
-def layout_stage_layers(layout: str, pp: int, source: str) -> tuple[list[int], int]:
-    """Parse Megatron's --pipeline-model-parallel-layout ('Et*7|t*9|t*9|t*7L'): returns layers
-    per pipeline rank (virtual segments of a rank summed) and the number of virtual stages."""
-    segments = layout.replace(",", "").split("|")
-    counts = []
-    for seg in segments:
-        n = 0
-        for m in re.finditer(r"([EtLm])(?:\*([0-9]+))?", seg):
-            if m.group(1) == "t":
-                n += int(m.group(2) or 1)
-        if re.sub(r"([EtLm])(\*[0-9]+)?", "", seg).strip():
-            raise SpecError(source, "--pipeline-model-parallel-layout",
-                            f"segment {seg!r}: expected symbols E, t, L, m with optional *count")
-        counts.append(n)
-    if len(counts) % pp != 0:
-        raise SpecError(source, "--pipeline-model-parallel-layout",
-                        f"{len(counts)} segments, not divisible by pipeline size {pp}")
-    v = len(counts) // pp
-    per_rank = [sum(counts[r + k * pp] for k in range(v)) for r in range(pp)]
-    return per_rank, v
 
 
 def _build(raw: dict, ignored: tuple[str, ...], world: int | None, source: str, name: str,

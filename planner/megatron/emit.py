@@ -2,7 +2,7 @@
 
 Only pretrain_gpt.py flags that follow from the plan; data and tokenizer flags stay the user's
 (the script passes "$@" through). Every emitted launch is parsed back and checked against
-megatron_rules before it is written.
+planner.megatron.rules before it is written.
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import shlex
 from ..errors import InvalidStrategy
 from ..specs.model import ModelSpec
 from ..strategy import Strategy
-from .megatron_parse import parse_words
-from .megatron_rules import megatron_violations
+from .launch import parse_words
+from .rules import megatron_violations
 
 
 def layout_string(model: ModelSpec, s: Strategy) -> str:

@@ -90,7 +90,7 @@ def load_launch(path: str, cluster, model_ref, world_size=None):
     from dataclasses import replace
 
     from ..library import load_model_ref
-    from .megatron_parse import parse_file
+    from .launch import parse_file
 
     launch = parse_file(path, dict(os.environ), default_world_size=world_size or cluster.num_gpus)
     if launch.world_size is None or world_size:
@@ -134,7 +134,7 @@ def load_plan_or_launch(path: str, cluster, model_ref):
 def run_check(cluster_ref, megatron_args, plan_file, model_ref, world_size, as_json, console, err_console) -> int:
     from ..estimate import estimate
     from ..library import load_cluster_ref, load_model_ref
-    from .megatron_rules import megatron_violations
+    from .rules import megatron_violations
 
     if bool(megatron_args) == bool(plan_file):
         raise SpecError("planner check", None, "give exactly one of --megatron-args or --plan")
@@ -151,8 +151,8 @@ def run_check(cluster_ref, megatron_args, plan_file, model_ref, world_size, as_j
         model = load_model_ref(model_ref)
         strategy = strategy_from_plan_json(plan_file)
         viol = []
-        from .megatron import megatron_args as build
-        from .megatron_parse import parse_words
+        from .emit import megatron_args as build
+        from .launch import parse_words
         try:
             args = build(model, strategy)
             viol = megatron_violations(parse_words(args + ["--world-size", str(strategy.world_size)], src), model)

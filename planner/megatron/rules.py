@@ -17,7 +17,8 @@ from dataclasses import dataclass
 
 from ..errors import InvalidStrategy
 from ..specs.model import ModelSpec
-from .megatron_parse import MegatronLaunch, layout_stage_layers
+from .launch import MegatronLaunch
+from .layout import layout_stage_layers
 
 SOURCE_ARGS = "megatron/training/arguments.py"
 SOURCE_TC = "megatron/core/transformer/transformer_config.py"
