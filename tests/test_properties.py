@@ -36,7 +36,7 @@ def test_yaml_loader_never_crashes(text):
 @given(st.lists(st.one_of(st.sampled_from(FLAGS), st.integers(-3, 5000).map(str), st.text(max_size=8)), max_size=30))
 def test_megatron_parser_never_crashes(words):
     try:
-        parse_text(" ".join(words) + " --world-size 16", "launch.sh", env={})
+        parse_text(" ".join(words), "launch.sh", env={}, default_world_size=16)
     except PlannerError:
         pass
 

@@ -19,7 +19,7 @@ from planner.strategy import Strategy
 def test_rules_agree_with_megatron_vectors(reference):
     vec = yaml.safe_load(open(reference / "megatron_vectors.yaml"))
     for v in vec["rules"]:
-        L = parse_words(tokenize(v["args"] + f" --world-size {v['world_size']}", "v"), "v")
+        L = parse_words(tokenize(v["args"], "v"), "v", world_size=v["world_size"])
         assert (not megatron_violations(L)) == v["accepted"], v["name"]
 
 
@@ -33,7 +33,7 @@ torchrun --nnodes 2 --nproc-per-node 8 pretrain_gpt.py \\
 """
     L = parse_text(text, "launch.sh", env={"SEQ": "4096"})
     assert L.world_size == 16 and L.strategy.tp == 2 and L.strategy.dp == 8
-    assert L.strategy.seq_length == 4096 and "--data-path" in L.ignored and "--lr" in L.ignored
+    assert L.strategy.seq_length == 4096 and "--data-path" in L.no_cost and "--lr" in L.no_cost
     with pytest.raises(SpecError, match="SEQ"):
         parse_text(text, "launch.sh", env={})
 
@@ -55,7 +55,7 @@ def test_emitted_launch_round_trips(model, cluster, kw):
     m, c = load_model_ref(model), load_cluster_ref(cluster)
     s = Strategy(seq_length=4096, **kw)
     args = checked_args(m, s)
-    back = parse_words(args + ["--world-size", str(s.world_size)], "emitted")
+    back = parse_words(args, "emitted", world_size=s.world_size)
     assert not megatron_violations(back, m)
     e1 = estimate(m, c, s)
     e2 = estimate(back.model, c, back.strategy.with_(stage_node_groups=None))

@@ -219,7 +219,7 @@ def test_returned_plans_fit_and_emit_launches_megatron_accepts(model_name, clust
         again = estimate(model, cluster, e.strategy)
         assert again.fits and all(m.total <= m.capacity for m in again.memory)
         args = checked_args(model, e.strategy)
-        launch = parse_words(args + ["--world-size", str(e.strategy.world_size)], "emitted")
+        launch = parse_words(args, "emitted", world_size=e.strategy.world_size)
         assert megatron_violations(launch, model) == []
     if not r.plans:
         assert r.closest is None or not r.closest.fits

@@ -185,14 +185,21 @@ class ParsedFlags:
     def unrecognized_messages(self) -> list[tuple[str, str]]:
         t = table()
         out = []
-        for u, prev in self.unrecognized:
+        groups: list[tuple[list[str], str | None]] = []
+        for u, prev in self.unrecognized:      # consecutive stray words after one flag: one line
+            if not u.startswith("-") and groups and not groups[-1][0][0].startswith("-") and groups[-1][1] == prev:
+                groups[-1][0].append(u)
+            else:
+                groups.append(([u], prev))
+        for us, prev in groups:
+            u = " ".join(us)
             if u.startswith("-"):
                 hint = suggest(u.partition("=")[0], list(t.by_option))
                 out.append(("unknown-flag", f"{u}: unknown flag for Megatron-LM {t.commit[:12]}{hint}"))
             else:
                 after = f" (after {prev}, which takes {_arity(t.by_option[prev])})" if prev in t.by_option else ""
-                out.append(("unknown-flag", f"{u!r}: unrecognized argument{after}; Megatron takes no positional "
-                                            "arguments (a value with spaces needs quotes)"))
+                out.append(("unknown-flag", f"{u!r}: unrecognized argument{'s' if len(us) > 1 else ''}{after}; "
+                                            "Megatron takes no positional arguments (a value with spaces needs quotes)"))
         return out
 
 
