@@ -165,6 +165,9 @@ def estimate(
     explain: bool = typer.Option(False, "--explain", help="Memory bars, step-time parts, the link bounding each collective."),
     plot: Optional[str] = typer.Option(None, "--plot", help="Folder for timeline.png and memory.png (needs the plot extra)."),
     as_json: bool = typer.Option(False, "--json"),
+    world_size: Optional[int] = typer.Option(None, "--world-size", help="With --megatron-args: default from the launcher, else the cluster size"),
+    set_values: Optional[List[str]] = typer.Option(None, "--set", help="With --megatron-args: NAME=VALUE for a script variable (1=... for $1)"),
+    verbose: bool = typer.Option(False, "--verbose", help="With --megatron-args: also list the flags read that change nothing"),
 ):
     """Memory, communication and step time of one configuration."""
     from .estimate import estimate as run_estimate
@@ -174,13 +177,14 @@ def estimate(
         from .emit.writer import check_plot_folder
         check_plot_folder(plot)
     c = load_cluster_ref(cluster)
+    report: list[str] = []
     if megatron_args:
-        from .emit.megatron_parse import parse_file
-        from .emit.megatron_rules import check_megatron
-        launch = parse_file(megatron_args)
-        m = load_model_ref(model) if model else launch.model
-        s = launch.strategy
-        check_megatron(launch, m)
+        from .megatron.check import launch_report, load_launch, parse_settings
+        from .megatron.rules import check_megatron
+        ld = load_launch(megatron_args, c, model, world_size, parse_settings(set_values))
+        m, s = ld.model, ld.strategy
+        check_megatron(ld.launch, m)
+        report = launch_report(ld, verbose)
     else:
         if model is None:
             raise SpecError("--model", None, "required (or give --megatron-args)")
@@ -190,9 +194,15 @@ def estimate(
                                    precision, schedule, layers_per_stage, stage_groups, offload_optimizer)
     e = run_estimate(m, c, s)
     if as_json:
-        _print_json(estimate_to_dict(e))
+        doc = estimate_to_dict(e)
+        if megatron_args:
+            from .megatron.check import launch_json
+            doc["launch"] = launch_json(ld)
+        _print_json(doc)
     else:
         render_estimate(e, console)
+        for line in report:
+            console.print(line, markup=False, highlight=False)
         if explain:
             from .emit.explain import render_explain
             render_explain(e, console)
@@ -479,7 +489,7 @@ def compare(
     as_json: bool = typer.Option(False, "--json"),
 ):
     """Two plans (or launches) side by side on one cluster, and the terms that differ."""
-    from .emit.check import load_plan_or_launch
+    from .megatron.check import load_plan_or_launch
     from .emit.explain import differing_terms, render_compare
     from .emit.report import estimate_to_dict
     from .estimate import estimate as run_estimate
@@ -504,13 +514,16 @@ def check(
     megatron_args: Optional[str] = typer.Option(None, "--megatron-args"),
     plan_file: Optional[str] = typer.Option(None, "--plan", help="A plan JSON written by `planner plan --json`"),
     model: Optional[str] = typer.Option(None, "--model"),
-    world_size: Optional[int] = typer.Option(None, "--world-size", help="Default: from torchrun flags, else the cluster size"),
+    world_size: Optional[int] = typer.Option(None, "--world-size", help="Default: from the launcher (torchrun, Slurm), else the cluster size"),
+    set_values: Optional[List[str]] = typer.Option(None, "--set", help="NAME=VALUE for a script variable the planner cannot know (1=... for $1)"),
+    verbose: bool = typer.Option(False, "--verbose", help="Also list the flags read that change nothing"),
     as_json: bool = typer.Option(False, "--json"),
 ):
     """CI gate: exit 0 if the launch is valid and fits, 1 if it breaks a rule or does not fit,
     2 if the input is unusable."""
-    from .emit.check import run_check
-    code = run_check(cluster, megatron_args, plan_file, model, world_size, as_json, console, err_console)
+    from .megatron.check import parse_settings, run_check
+    code = run_check(cluster, megatron_args, plan_file, model, world_size, as_json, console, err_console,
+                     parse_settings(set_values), verbose)
     raise typer.Exit(code)
 
 

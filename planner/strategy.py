@@ -163,7 +163,7 @@ def _ranges(layers: tuple[int, ...]) -> tuple[tuple[int, int], ...]:
 
 def check_structure(s: Strategy, model: ModelSpec) -> None:
     """Rules any launcher needs (not Megatron-specific): positive degrees, batch arithmetic,
-    layer split, MoE degrees. Megatron's own rules live in planner/emit/megatron_rules.py."""
+    layer split, MoE degrees. Megatron's own rules live in planner/megatron/rules.py."""
     for name in ("tp", "pp", "dp", "cp", "ep", "vpp", "micro_batch_size", "global_batch_size", "seq_length"):
         v = getattr(s, name)
         if not isinstance(v, int) or v < 1:

@@ -60,8 +60,9 @@ def launch(tmp_path, name="a.sh", tp=8, pp=4, nnodes=16, gbs=512, layers=80, rec
 
 
 def predicted(launch_path, cluster):
-    from planner.emit.check import load_launch
-    _, m, s = load_launch(launch_path, cluster, None)
+    from planner.megatron.check import load_launch
+    ld = load_launch(launch_path, cluster, None)
+    m, s = ld.model, ld.strategy
     return estimate(m, cluster, s), m, s
 
 

@@ -3,7 +3,8 @@ import yaml
 
 from planner.cost import activations as act
 from planner.cost.memory import stage_memory
-from planner.emit.megatron_parse import parse_words, tokenize
+from planner.megatron.launch import parse_words
+from planner.megatron.shell import tokenize
 from planner.library import load_bundled_profile, load_model_ref
 from planner.placement import placement_of
 from planner.specs.model import model_from_dict
@@ -71,7 +72,7 @@ def test_zero3_8x_less_memory_1_5x_comm():
 
 
 def _launch(args, ws):
-    return parse_words(tokenize(args + f" --world-size {ws}", "v"), "v")
+    return parse_words(tokenize(args, "v"), "v", world_size=ws)
 
 
 def test_megatron_theoretical_weights_and_optimizer(reference):

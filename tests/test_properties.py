@@ -6,7 +6,7 @@ import os
 
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from planner.emit.megatron_parse import parse_text
+from planner.megatron.launch import parse_text
 from planner.emit.report import estimate_to_dict
 from planner.errors import PlannerError, SpecError
 from planner.estimate import _layer_time, _time_key, estimate
@@ -36,7 +36,7 @@ def test_yaml_loader_never_crashes(text):
 @given(st.lists(st.one_of(st.sampled_from(FLAGS), st.integers(-3, 5000).map(str), st.text(max_size=8)), max_size=30))
 def test_megatron_parser_never_crashes(words):
     try:
-        parse_text(" ".join(words) + " --world-size 16", "launch.sh", env={})
+        parse_text(" ".join(words), "launch.sh", env={}, default_world_size=16)
     except PlannerError:
         pass
 
@@ -80,7 +80,7 @@ _JUNK = st.one_of(st.none(), st.booleans(), st.integers(-5, 10**12), st.floats(a
 def test_plan_json_mutations_never_crash(tmp_path_factory, mutations):
     """#7: a hand-edited plan JSON is either accepted or refused with SpecError (exit 2) or
     InvalidStrategy (exit 1): never another exception."""
-    from planner.emit.check import strategy_from_plan_json
+    from planner.megatron.check import strategy_from_plan_json
     from planner.errors import InvalidStrategy
     doc = _plan_doc()
     plan = doc["plan"]

@@ -6,9 +6,10 @@ import sys
 import pytest
 import yaml
 
-from planner.emit.megatron import checked_args, layout_string
-from planner.emit.megatron_parse import parse_text, parse_words, tokenize
-from planner.emit.megatron_rules import megatron_violations
+from planner.megatron.emit import checked_args, layout_string
+from planner.megatron.launch import parse_text, parse_words
+from planner.megatron.rules import megatron_violations
+from planner.megatron.shell import tokenize
 from planner.errors import SpecError
 from planner.estimate import estimate
 from planner.library import load_cluster_ref, load_model_ref
@@ -18,7 +19,7 @@ from planner.strategy import Strategy
 def test_rules_agree_with_megatron_vectors(reference):
     vec = yaml.safe_load(open(reference / "megatron_vectors.yaml"))
     for v in vec["rules"]:
-        L = parse_words(tokenize(v["args"] + f" --world-size {v['world_size']}", "v"), "v")
+        L = parse_words(tokenize(v["args"], "v"), "v", world_size=v["world_size"])
         assert (not megatron_violations(L)) == v["accepted"], v["name"]
 
 
@@ -32,7 +33,7 @@ torchrun --nnodes 2 --nproc-per-node 8 pretrain_gpt.py \\
 """
     L = parse_text(text, "launch.sh", env={"SEQ": "4096"})
     assert L.world_size == 16 and L.strategy.tp == 2 and L.strategy.dp == 8
-    assert L.strategy.seq_length == 4096 and "--data-path" in L.ignored and "--lr" in L.ignored
+    assert L.strategy.seq_length == 4096 and "--data-path" in L.no_cost and "--lr" in L.no_cost
     with pytest.raises(SpecError, match="SEQ"):
         parse_text(text, "launch.sh", env={})
 
@@ -54,7 +55,7 @@ def test_emitted_launch_round_trips(model, cluster, kw):
     m, c = load_model_ref(model), load_cluster_ref(cluster)
     s = Strategy(seq_length=4096, **kw)
     args = checked_args(m, s)
-    back = parse_words(args + ["--world-size", str(s.world_size)], "emitted")
+    back = parse_words(args, "emitted", world_size=s.world_size)
     assert not megatron_violations(back, m)
     e1 = estimate(m, c, s)
     e2 = estimate(back.model, c, back.strategy.with_(stage_node_groups=None))
@@ -158,7 +159,7 @@ def test_gate_prices_an_emitted_heterogeneous_launch_as_the_plan(tmp_path):
 def test_stages_smaller_than_a_node_share_it_in_the_launch():
     """Regression: a stage of 4 GPUs on 8-GPU nodes took a whole node in the host map, so
     launch.sh started twice the world size."""
-    from planner.emit.megatron import launch_script, stage_host_map
+    from planner.megatron.emit import launch_script, stage_host_map
 
     s = Strategy(tp=2, pp=16, dp=2, micro_batch_size=1, global_batch_size=64, seq_length=4096,
                  stage_node_groups=("a100",) * 8 + ("h100",) * 8)

@@ -279,9 +279,9 @@ def test_time_limit_reports_a_true_gap(monkeypatch):
 def test_returned_plans_fit_and_emit_launches_megatron_accepts(model_name, cluster_name, gbs, seq):
     """The two promises: no returned plan exceeds memory, and its emitted launch passes the
     Megatron rules (checked_args raises otherwise; the parsed launch is checked again)."""
-    from planner.emit.megatron import checked_args
-    from planner.emit.megatron_parse import parse_words
-    from planner.emit.megatron_rules import megatron_violations
+    from planner.megatron.emit import checked_args
+    from planner.megatron.launch import parse_words
+    from planner.megatron.rules import megatron_violations
     from planner.library import load_cluster_ref, load_model_ref
 
     model, cluster = load_model_ref(model_name), load_cluster_ref(cluster_name)
@@ -290,7 +290,7 @@ def test_returned_plans_fit_and_emit_launches_megatron_accepts(model_name, clust
         again = estimate(model, cluster, e.strategy)
         assert again.fits and all(m.total <= m.capacity for m in again.memory)
         args = checked_args(model, e.strategy)
-        launch = parse_words(args + ["--world-size", str(e.strategy.world_size)], "emitted")
+        launch = parse_words(args, "emitted", world_size=e.strategy.world_size)
         assert megatron_violations(launch, model) == []
     if not r.plans:
         assert r.closest is None or not r.closest.fits

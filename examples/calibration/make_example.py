@@ -20,7 +20,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 from calibration_formats import SYNTHETIC, megatron_run, memory_line, nccl_output, write  # noqa: E402
 
 from planner.cost.compute import model_flops_per_step  # noqa: E402
-from planner.emit.check import load_launch  # noqa: E402
+from planner.megatron.check import load_launch  # noqa: E402
 from planner.estimate import estimate  # noqa: E402
 from planner.library import load_cluster_ref  # noqa: E402
 
@@ -38,7 +38,8 @@ def jitter(k: int, seed: float) -> float:
 
 def main() -> None:
     cluster = load_cluster_ref("dgx-h100-x16")
-    _, model, s = load_launch(str(LAUNCH), cluster, None)
+    ld = load_launch(str(LAUNCH), cluster, None)
+    model, s = ld.model, ld.strategy
     pred = estimate(model, cluster, s)
     # Megatron's count halves the causal attention (2025 and later): the planner's full count less
     # half its attention term, per GPU, in TFLOP

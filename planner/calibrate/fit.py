@@ -459,9 +459,9 @@ def _check_log(case_log: MegatronLog, launch_path: str, model, s, iters) -> None
 
 
 def _load_launch(path: str, cluster):
-    """(model, strategy, flags the launch parser kept but does not model) of a Megatron launch
-    file or a plan JSON: anything `planner check` reads."""
-    from ..emit.check import load_launch, load_plan_or_launch
+    """(model, strategy, the flags the launch gives, as written) of a Megatron launch file or a
+    plan JSON: anything `planner check` reads."""
+    from ..megatron.check import load_launch, load_plan_or_launch
     try:
         with open(path, encoding="utf-8") as fh:
             head = fh.read(4096).lstrip()
@@ -470,8 +470,8 @@ def _load_launch(path: str, cluster):
     if head.startswith("{"):
         model, s = load_plan_or_launch(path, cluster, None)
         return model, s, ()
-    launch, model, s = load_launch(path, cluster, None)
-    return model, s, tuple(launch.ignored)
+    ld = load_launch(path, cluster, None)
+    return ld.model, ld.strategy, tuple(ld.launch.given.values())
 
 
 def _log_case(inp: LogInput, before) -> LogCase:

@@ -1,1 +1,1 @@
-"""Emit: tables, JSON, Megatron-LM launch arguments and scripts; parse Megatron launches."""
+"""Emit: tables, JSON, plots and the atomic writer of plan folders (Megatron launches: planner.megatron)."""

@@ -78,7 +78,7 @@ def estimate_to_dict(e: Estimate) -> dict:
 def _stage_nodes(e: Estimate):
     """Per stage, [first, last] node of its node group that hosts it (as launch.sh places
     them), when every stage sits on one node group."""
-    from .megatron import stage_host_map
+    from ..megatron.emit import stage_host_map
     if any("+" in g for g in e.stage_groups):
         return None
     gpn = {g.name: g.gpus_per_node for g in e.cluster.node_groups}

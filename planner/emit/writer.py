@@ -24,7 +24,7 @@ from typing import Callable, Iterable
 
 from ..errors import PlannerError, SpecError
 from ..inputs import printable, read_regular_file
-from .megatron import checked_args, launch_script, stage_host_map
+from ..megatron.emit import checked_args, launch_script, stage_host_map
 from .report import estimate_to_dict
 
 MANIFEST = "planner-manifest.json"

@@ -58,6 +58,8 @@ class ModelSpec:
     mtp_num_layers: int = 0
     # sliding-window attention (--window-size): keys within this many tokens before the query
     window_size: int | None = None
+    # --make-vocab-size-divisible-by: the embedding is padded to a multiple of this x TP
+    make_vocab_size_divisible_by: int = MAKE_VOCAB_SIZE_DIVISIBLE_BY
     # Multi-latent attention (DeepSeek-V2/V3)
     multi_latent_attention: bool = False
     q_lora_rank: int | None = None
@@ -92,7 +94,7 @@ class ModelSpec:
         return self.hidden_size * (1 if self.normalization == "RMSNorm" else 2)
 
     def padded_vocab_size(self, tp: int) -> int:
-        multiple = MAKE_VOCAB_SIZE_DIVISIBLE_BY * tp
+        multiple = self.make_vocab_size_divisible_by * tp
         return -(-self.vocab_size // multiple) * multiple
 
     def is_moe_layer(self, i: int) -> bool:
@@ -212,7 +214,7 @@ MODEL_FIELDS = {
     "num_experts", "moe_router_topk", "moe_ffn_hidden_size", "moe_shared_expert_intermediate_size",
     "moe_layer_freq", "moe_capacity_factor", "multi_latent_attention", "q_lora_rank",
     "kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim", "moe_router_num_groups",
-    "moe_router_group_topk", "mtp_num_layers", "window_size", "source", "notes",
+    "moe_router_group_topk", "mtp_num_layers", "window_size", "make_vocab_size_divisible_by", "source", "notes",
 }
 REQUIRED_MODEL_FIELDS = {"name", "num_layers", "hidden_size", "num_attention_heads", "vocab_size"}
 
@@ -285,6 +287,8 @@ def model_from_dict(data: Any, source: str) -> ModelSpec:
     group_topk = get_int(data, "moe_router_group_topk", source, maximum=100_000)
     mtp = get_int(data, "mtp_num_layers", source, default=0, minimum=0, maximum=MAX_LAYERS)
     window = get_int(data, "window_size", source, maximum=100_000_000)
+    vocab_multiple = get_int(data, "make_vocab_size_divisible_by", source, default=MAKE_VOCAB_SIZE_DIVISIBLE_BY,
+                             minimum=1, maximum=1_000_000)
     pattern: tuple[int, ...] = ()
     if num_experts is not None:
         if (n_groups is None) != (group_topk is None):
@@ -336,6 +340,7 @@ def model_from_dict(data: Any, source: str) -> ModelSpec:
         moe_layer_pattern=pattern, moe_capacity_factor=cf, multi_latent_attention=mla,
         moe_router_num_groups=n_groups if num_experts else None,
         moe_router_group_topk=group_topk if num_experts else None, mtp_num_layers=mtp, window_size=window,
+        make_vocab_size_divisible_by=vocab_multiple,
         source=get_str(data, "source", source, default="") or "", origin=source, **mla_fields,
     )
 

@@ -74,6 +74,7 @@ MODEL_PROPERTIES = {
     "moe_router_group_topk": _int("groups a token may reach (--moe-router-group-topk)"),
     "mtp_num_layers": _int("multi-token-prediction layers after the decoder (--mtp-num-layers)", minimum=0),
     "window_size": _int("sliding-window attention: keys within this many tokens (--window-size)"),
+    "make_vocab_size_divisible_by": _int("vocabulary padded to a multiple of this x TP (--make-vocab-size-divisible-by; 128)", minimum=1),
     "source": {**TEXT, "description": "where the figures come from"},
     "notes": TEXT,
 }

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass, replace
 
 from ..errors import InvalidStrategy, SpecError
 from ..strategy import Strategy
@@ -84,27 +85,65 @@ def strategy_from_plan_json(path: str) -> Strategy:
         overlap_param_gather=v["overlap_param_gather"], offload_optimizer=v["offload_optimizer"])
 
 
-def load_launch(path: str, cluster, model_ref, world_size=None):
-    """A Megatron launch file -> (launch, model, strategy). Without torchrun sizes (or with
-    --world-size) the world is the given size, else the whole cluster, and dp follows."""
-    from dataclasses import replace
+def parse_settings(items) -> dict:
+    """--set NAME=VALUE (NAME a shell variable, or a digit for a script argument)."""
+    import re
+    out = {}
+    for it in items or []:
+        k, eq, v = it.partition("=")
+        if not eq or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*|[1-9][0-9]*", k):
+            raise SpecError("--set", it, "expected NAME=VALUE (NAME a shell variable, or 1, 2, ... for the script's arguments)")
+        out[k] = v
+    return out
 
+
+@dataclass(frozen=True)
+class LoadedLaunch:
+    launch: "MegatronLaunch"
+    model: object
+    strategy: Strategy
+    placement: str          # which placement is priced, in words (empty: the one the launch names)
+
+
+def load_launch(path: str, cluster, model_ref, world_size=None, settings: dict | None = None) -> LoadedLaunch:
+    """A Megatron launch file -> what `check` and `estimate` price, the same for both. The world
+    is --world-size if given, else the launcher's (torchrun, Slurm), else the whole cluster; dp
+    follows. The placement priced is said, never chosen silently."""
     from ..library import load_model_ref
-    from .megatron_parse import parse_file
+    from .launch import parse_file
 
-    launch = parse_file(path, dict(os.environ), default_world_size=world_size or cluster.num_gpus)
-    if launch.world_size is None or world_size:
-        launch = replace(launch, world_size=world_size or cluster.num_gpus)
-        ws = launch.world_size
-        tp, pp, cp = launch.raw.get("tp", 1), launch.raw.get("pp", 1), launch.raw.get("cp", 1)
-        if ws % (tp * pp * cp) == 0:
-            launch = replace(launch, strategy=replace(launch.strategy, dp=ws // (tp * pp * cp)))
+    given_model = load_model_ref(model_ref) if model_ref else None
+    launch = parse_file(path, dict(os.environ), default_world_size=world_size or cluster.num_gpus,
+                        settings=settings, vocab_model=given_model)
+    notes = list(launch.notes)
+    if world_size or launch.world_size is None:
+        ws = world_size or cluster.num_gpus
+        why = "--world-size" if world_size else f"the cluster's {cluster.num_gpus} GPUs"
+        if launch.world_size is not None and world_size and world_size != launch.world_size:
+            notes.append(f"world size {world_size} from --world-size (the launcher says {launch.world_size})")
+        elif launch.world_size is None:
+            notes.append(f"world size {ws} from {why} (the launch does not say)")
+        s = launch.strategy
+        if ws % (s.tp * s.pp * s.cp) == 0:
+            s = replace(s, dp=ws // (s.tp * s.pp * s.cp))
+            if "global_batch_size" not in launch.raw:
+                s = replace(s, global_batch_size=s.micro_batch_size * s.dp)
+        launch = replace(launch, world_size=ws, world_from=why, strategy=s)
     groups = launch.strategy.stage_node_groups
-    if groups and not all(g in {x.name for x in cluster.node_groups} for g in groups):
-        # written for another cluster: stages fill this one in its listed order
+    names = [g.name for g in cluster.node_groups]
+    placement = ""
+    if groups and not all(g in names for g in groups):
+        missing = sorted({g for g in groups if g not in names})
+        placement = (f"the launch's stage-node-groups header names {', '.join(missing)}, which {cluster.name} does not "
+                     f"have: priced with the stages filling {cluster.name}'s node groups in order ({', '.join(names)})")
         launch = replace(launch, strategy=replace(launch.strategy, stage_node_groups=None))
-    model = load_model_ref(model_ref) if model_ref else launch.model
-    return launch, model, launch.strategy
+    elif not groups and cluster.is_heterogeneous:
+        placement = (f"{cluster.name} has node groups {', '.join(names)} and the launch does not say which hosts each "
+                     f"stage (no '# planner: stage-node-groups=' header): priced with the stages filling them in "
+                     "that order")
+    launch = replace(launch, notes=tuple(notes))
+    model = given_model or launch.model
+    return LoadedLaunch(launch, model, launch.strategy, placement)
 
 
 def load_plan_or_launch(path: str, cluster, model_ref):
@@ -127,59 +166,85 @@ def load_plan_or_launch(path: str, cluster, model_ref):
         if not model_ref and not isinstance(name, str):
             raise SpecError("--model", None, f"required: {path} does not name its model")
         return load_model_ref(model_ref or name), strategy_from_plan_json(path)
-    _, model, strategy = load_launch(path, cluster, model_ref)
-    return model, strategy
+    ld = load_launch(path, cluster, model_ref)
+    return ld.model, ld.strategy
 
 
-def run_check(cluster_ref, megatron_args, plan_file, model_ref, world_size, as_json, console, err_console) -> int:
+def launch_report(ld: LoadedLaunch, verbose: bool) -> list[str]:
+    """What `check` and `estimate` say about a launch besides the verdict: the placement priced,
+    what was assumed, every flag not priced, and (verbose) the flags that change nothing."""
+    L = ld.launch
+    lines = []
+    if ld.placement:
+        lines.append(f"placement: {ld.placement}")
+    for flag, why in L.unpriced:
+        lines.append(f"not priced: {flag} ({why})")
+    for n in L.notes:
+        lines.append(f"assumed: {n}")
+    if L.world_from:
+        lines.append(f"world size {L.world_size}: {L.world_from}")
+    if verbose:
+        if L.no_cost:
+            lines.append("read, no effect on memory or step time: " + " ".join(L.no_cost))
+        for flag, names in L.unknown_values:
+            lines.append(f"value not known (no effect on the estimate): {flag} depends on {', '.join(names)}")
+    return lines
+
+
+def launch_json(ld: LoadedLaunch) -> dict:
+    L = ld.launch
+    return {"world_size": L.world_size, "world_from": L.world_from, "placement": ld.placement or None,
+            "unpriced_flags": [{"flag": f, "why": w} for f, w in L.unpriced], "notes": list(L.notes),
+            "no_cost_flags": list(L.no_cost), "entry": L.entry or None,
+            "megatron_lm_commit": _table_commit()}
+
+
+def _table_commit() -> str:
+    from .flags import table
+    return table().commit
+
+
+def run_check(cluster_ref, megatron_args, plan_file, model_ref, world_size, as_json, console, err_console,
+              settings: dict | None = None, verbose: bool = False) -> int:
     from ..estimate import estimate
     from ..library import load_cluster_ref, load_model_ref
-    from .megatron_rules import megatron_violations
+    from .launch import InvalidLaunch
+    from .rules import megatron_violations
 
     if bool(megatron_args) == bool(plan_file):
         raise SpecError("planner check", None, "give exactly one of --megatron-args or --plan")
     cluster = load_cluster_ref(cluster_ref)
     src = megatron_args or plan_file
     result = {"file": src, "valid": True, "fits": None, "violations": [], "stages": []}
+    extra: list[str] = []
     if megatron_args:
-        launch, model, strategy = load_launch(megatron_args, cluster, model_ref, world_size)
-        viol = megatron_violations(launch, model)
-        result["ignored_flags"] = list(launch.ignored)
+        try:
+            ld = load_launch(megatron_args, cluster, model_ref, world_size, settings)
+        except InvalidLaunch as exc:
+            return _invalid(result, [f"[{r}] {m}" for r, m in exc.problems], src, as_json, err_console)
+        model, strategy = ld.model, ld.strategy
+        viol = megatron_violations(ld.launch, model)
+        result.update(launch_json(ld))
+        extra = launch_report(ld, verbose)
     else:
         if not model_ref:
             raise SpecError("--model", None, "required with --plan")
         model = load_model_ref(model_ref)
         strategy = strategy_from_plan_json(plan_file)
         viol = []
-        from .megatron import megatron_args as build
-        from .megatron_parse import parse_words
+        from .emit import megatron_args as build
+        from .launch import parse_words
         try:
             args = build(model, strategy)
-            viol = megatron_violations(parse_words(args + ["--world-size", str(strategy.world_size)], src), model)
+            viol = megatron_violations(parse_words(args, src, world_size=strategy.world_size), model)
         except InvalidStrategy as exc:
             viol = [exc]
     if viol:
-        result["valid"] = False
-        result["violations"] = [str(v) for v in viol]
-        for v in viol:
-            _annotate("error", f"Megatron would reject this launch: {v}", src)
-        if as_json:
-            print(json.dumps(result, indent=2, sort_keys=True))
-        else:
-            for v in viol:
-                err_console.print(f"INVALID {src}: {v}", markup=False)
-        return 1
+        return _invalid(result, [str(v) for v in viol], src, as_json, err_console, extra, console)
     try:
         e = estimate(model, cluster, strategy)
     except InvalidStrategy as exc:
-        result["valid"] = False
-        result["violations"] = [str(exc)]
-        _annotate("error", str(exc), src)
-        if as_json:
-            print(json.dumps(result, indent=2, sort_keys=True))
-        else:
-            err_console.print(f"INVALID {src}: {exc}", markup=False)
-        return 1
+        return _invalid(result, [str(exc)], src, as_json, err_console, extra, console)
     result["fits"] = e.fits
     result["step_time_s"] = e.step_time_s
     result["mfu"] = e.mfu
@@ -198,6 +263,7 @@ def run_check(cluster_ref, megatron_args, plan_file, model_ref, world_size, as_j
                 _annotate("error", f"does not fit: {msg}", src)
                 if not as_json:
                     err_console.print(f"DOES NOT FIT {src}: {msg}", markup=False)
+        _print_extra(extra, as_json, console)
         return 1
     worst = min(e.memory, key=lambda m: m.headroom)
     if worst.headroom < 0.05 * worst.capacity:
@@ -205,5 +271,28 @@ def run_check(cluster_ref, megatron_args, plan_file, model_ref, world_size, as_j
     if not as_json:
         heads = ", ".join(f"stage {m.stage}: {m.headroom / GIB:.1f} GiB" for m in e.memory)
         console.print(f"OK {src}: valid and fits; headroom per stage: {heads}; "
-                      f"step {e.step_time_s:.3f} s, {e.model_tflops_per_gpu:.0f} model TFLOP/s/GPU, {e.mfu_label}")
+                      f"step {e.step_time_s:.3f} s, {e.model_tflops_per_gpu:.0f} model TFLOP/s/GPU, {e.mfu_label}",
+                      markup=False)
+    _print_extra(extra, as_json, console)
     return 0
+
+
+def _print_extra(lines, as_json, console) -> None:
+    if not as_json:
+        for ln in lines:
+            console.print(f"  {ln}", markup=False, highlight=False)
+
+
+def _invalid(result, messages, src, as_json, err_console, extra=(), console=None) -> int:
+    result["valid"] = False
+    result["violations"] = list(messages)
+    for v in messages:
+        _annotate("error", f"Megatron would reject this launch: {v}", src)
+    if as_json:
+        print(json.dumps(result, indent=2, sort_keys=True))
+    else:
+        for v in messages:
+            err_console.print(f"INVALID {src}: {v}", markup=False, highlight=False)
+        if console is not None:
+            _print_extra(extra, False, console)
+    return 1

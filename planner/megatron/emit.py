@@ -2,7 +2,7 @@
 
 Only pretrain_gpt.py flags that follow from the plan; data and tokenizer flags stay the user's
 (the script passes "$@" through). Every emitted launch is parsed back and checked against
-megatron_rules before it is written.
+planner.megatron.rules before it is written.
 """
 
 from __future__ import annotations
@@ -12,26 +12,29 @@ import shlex
 from ..errors import InvalidStrategy
 from ..specs.model import ModelSpec
 from ..strategy import Strategy
-from .megatron_parse import parse_words
-from .megatron_rules import megatron_violations
+from . import layout
+from .launch import parse_words
+from .rules import megatron_violations
+
+
+def stage_chunk_layers(model: ModelSpec, s: Strategy) -> tuple[int, ...]:
+    """Decoder layers per layout segment in Megatron's order (segment k: chunk k // pp of rank
+    k % pp): the strategy's own chunks, else each rank's layers spread over its vpp chunks."""
+    if s.chunk_layers is not None:
+        return tuple(s.chunk_layers)
+    v = s.vpp
+    segs = [[0] * s.pp for _ in range(v)]
+    for r, n in enumerate(s.stage_layers(model)):
+        base, extra = divmod(n, v)
+        for c in range(v):
+            segs[c][r] = base + (1 if c < extra else 0)
+    return tuple(segs[c][r] for c in range(v) for r in range(s.pp))
 
 
 def layout_string(model: ModelSpec, s: Strategy) -> str:
     """--pipeline-model-parallel-layout for uneven stages: pp x vpp segments, 'E' on the first,
-    'L' on the last; rank r's chunks are segments r, r + pp, ... (Megatron's order)."""
-    per_rank = s.stage_layers(model)
-    v = s.vpp
-    segs = [[0] * s.pp for _ in range(v)]
-    for r, n in enumerate(per_rank):
-        base, extra = divmod(n, v)
-        for c in range(v):
-            segs[c][r] = base + (1 if c < extra else 0)
-    flat = [segs[c][r] for c in range(v) for r in range(s.pp)]
-    out = []
-    for k, n in enumerate(flat):
-        seg = ("E" if k == 0 else "") + (f"t*{n}" if n > 1 else ("t" if n == 1 else "")) + ("L" if k == len(flat) - 1 else "")
-        out.append(seg)
-    return "|".join(out)
+    MTP layers and 'L' on the last; rank r's chunks are segments r, r + pp, ... (Megatron's order)."""
+    return layout.layout_string(stage_chunk_layers(model, s), model.mtp_num_layers)
 
 
 def megatron_args(model: ModelSpec, s: Strategy) -> list[str]:
@@ -53,6 +56,8 @@ def megatron_args(model: ModelSpec, s: Strategy) -> list[str]:
         add("--kv-channels", model.kv_channels)
     add("--ffn-hidden-size", model.ffn_hidden_size)
     add("--vocab-size", model.vocab_size)
+    if model.make_vocab_size_divisible_by != 128:
+        add("--make-vocab-size-divisible-by", model.make_vocab_size_divisible_by)
     add("--seq-length", s.seq_length)
     add("--max-position-embeddings", max(model.max_position_embeddings, s.seq_length))
     add("--position-embedding-type", model.position_embedding_type)
@@ -80,10 +85,24 @@ def megatron_args(model: ModelSpec, s: Strategy) -> list[str]:
             add("--moe-layer-freq", "[" + ",".join(str(x) for x in pat) + "]")
         if model.moe_capacity_factor:
             add("--moe-expert-capacity-factor", model.moe_capacity_factor)
-        add("--moe-grouped-gemm")
-        add("--moe-token-dispatcher-type", "alltoall")
+            if s.moe_pad_expert_input_to_capacity:
+                add("--moe-pad-expert-input-to-capacity")
+        if model.moe_router_num_groups:
+            add("--moe-router-num-groups", model.moe_router_num_groups)
+            add("--moe-router-group-topk", model.moe_router_group_topk)
+        if s.moe_grouped_gemm:
+            add("--moe-grouped-gemm")
+        add("--moe-token-dispatcher-type", s.moe_token_dispatcher_type)
+        if s.overlap_moe_expert_parallel_comm:
+            add("--overlap-moe-expert-parallel-comm")
+        if s.moe_shared_expert_overlap and model.moe_shared_expert_intermediate_size:
+            add("--moe-shared-expert-overlap")
         add("--expert-model-parallel-size", s.ep)
         add("--expert-tensor-parallel-size", s.expert_tp)
+    if model.mtp_num_layers:
+        add("--mtp-num-layers", model.mtp_num_layers)
+    if model.window_size is not None:
+        add("--window-size", f"{model.window_size},0")
     if model.multi_latent_attention:
         add("--multi-latent-attention")
         if model.q_lora_rank:
@@ -96,7 +115,7 @@ def megatron_args(model: ModelSpec, s: Strategy) -> list[str]:
     add("--pipeline-model-parallel-size", s.pp)
     if s.cp > 1:
         add("--context-parallel-size", s.cp)
-    even = s.layers_per_stage is None or len(set(s.stage_layers(model))) == 1
+    even = (s.layers_per_stage is None or len(set(s.stage_layers(model))) == 1) and s.chunk_layers is None
     if s.pp > 1 and not even:
         add("--pipeline-model-parallel-layout", layout_string(model, s))
     elif s.vpp > 1:
@@ -105,6 +124,9 @@ def megatron_args(model: ModelSpec, s: Strategy) -> list[str]:
     add("--global-batch-size", s.global_batch_size)
     if s.recompute == "selective":
         add("--recompute-granularity", "selective")
+        if tuple(s.recompute_modules) != ("core_attn",):
+            a.append("--recompute-modules")
+            a.extend(s.recompute_modules)
     elif s.recompute == "full":
         add("--recompute-granularity", "full")
         if s.recompute_num_layers is None:
@@ -129,22 +151,41 @@ def megatron_args(model: ModelSpec, s: Strategy) -> list[str]:
         add("--overlap-grad-reduce")
     if s.tp_comm_overlap and s.sp:
         add("--tp-comm-overlap")
+    dtypes = (("--main-grads-dtype", s.main_grads_dtype), ("--main-params-dtype", s.main_params_dtype),
+              ("--exp-avg-dtype", s.exp_avg_dtype), ("--exp-avg-sq-dtype", s.exp_avg_sq_dtype))
+    if s.offload_optimizer or any(d != "fp32" for _, d in dtypes):
+        add("--use-precision-aware-optimizer")   # arguments.py: CPU offload needs it too
+        for flag, d in dtypes:
+            if d != "fp32":
+                add(flag, d)
     if s.offload_optimizer:
         add("--optimizer-cpu-offload")
+        if s.optimizer_offload_fraction != 1.0:
+            add("--optimizer-offload-fraction", s.optimizer_offload_fraction)
+    if s.grad_reduce_in_bf16:
+        add("--grad-reduce-in-bf16")
+    if s.cpu_offloading_num_layers:
+        add("--cpu-offloading-num-layers", s.cpu_offloading_num_layers)
+    if s.delay_wgrad_compute:
+        add("--delay-wgrad-compute")
     if s.precision == "fp16":
         add("--fp16")
     else:
         add("--bf16")
-        if s.precision == "fp8":
-            add("--fp8-format", "hybrid")
-    add("--attention-backend", "auto")
+    if s.precision == "fp8":
+        add("--fp8-format", "hybrid")
+        if s.fp8_recipe != "delayed":
+            add("--fp8-recipe", s.fp8_recipe)
+        if s.fp8_param_gather:
+            add("--fp8-param-gather")
+    add("--attention-backend", "auto" if s.fused_attention else "unfused")
     return a
 
 
 def checked_args(model: ModelSpec, s: Strategy) -> list[str]:
     """The emitted flags, parsed back and validated against Megatron's rules."""
     args = megatron_args(model, s)
-    launch = parse_words(args + ["--world-size", str(s.world_size)], "emitted launch", model.name)
+    launch = parse_words(args, "emitted launch", model.name, world_size=s.world_size)
     v = megatron_violations(launch, model)
     if v:
         raise InvalidStrategy(v[0].rule, f"emitted launch would be rejected by Megatron: {v[0]}")

@@ -1,0 +1,7 @@
+"""Megatron-LM facing code: read a launch (shell words, flags, layout) into a model and a
+strategy, check it against Megatron's rules, and emit launches for a plan.
+
+Modules: `shell` (words from a script; nothing executed), `flags` (Megatron's argument table),
+`launch` (flags -> ModelSpec + Strategy), `layout` (--pipeline-model-parallel-layout),
+`rules` (what Megatron rejects), `check` (the CI gate), `emit` (plan -> flags and launch.sh).
+"""
