@@ -152,7 +152,8 @@ def _time_key(s: Strategy) -> Strategy:
                     precision=s.precision, fused_attention=s.fused_attention, recompute_modules=s.recompute_modules,
                     fp8_recipe=s.fp8_recipe, moe_token_dispatcher_type=s.moe_token_dispatcher_type,
                     moe_pad_expert_input_to_capacity=s.moe_pad_expert_input_to_capacity,
-                    cuda_graph_impl=s.cuda_graph_impl, cuda_graph_scope=s.cuda_graph_scope)
+                    cuda_graph_impl=s.cuda_graph_impl, cuda_graph_scope=s.cuda_graph_scope,
+                    tp_comm_overlap=s.tp_comm_overlap)
 
 
 
@@ -211,7 +212,7 @@ def host_bound(forward_s: float, backward_s: float, layers) -> tuple[float, floa
     segment; the rest of the forward, and the backward, are one segment each."""
     host_f = sum(n * lt.host_forward for n, lt in layers if not lt.host_synced)
     gpu_f_free = sum(n * lt.forward for n, lt in layers if not lt.host_synced)
-    synced = sum(n * max(lt.forward, lt.host_forward) for n, lt in layers if lt.host_synced)
+    synced = sum(n * (max(lt.forward, lt.host_forward) + lt.host_sync_wait) for n, lt in layers if lt.host_synced)
     synced_gpu = sum(n * lt.forward for n, lt in layers if lt.host_synced)
     other_gpu = forward_s - gpu_f_free - synced_gpu          # embedding, output layer
     forward = synced + max(gpu_f_free + other_gpu, host_f)
