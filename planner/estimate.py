@@ -59,6 +59,12 @@ class Estimate:
         return all(m.fits for m in self.memory)
 
     @property
+    def memory_verdict(self) -> str:
+        """fits | tight | does not fit: the worst stage's (cost/memory.py StageMemory.verdict)."""
+        order = ("fits", "tight", "does not fit")
+        return max((m.verdict for m in self.memory), key=order.index)
+
+    @property
     def peak_memory(self) -> StageMemory:
         return max(self.memory, key=lambda m: m.total / m.capacity)
 
