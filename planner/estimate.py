@@ -204,6 +204,9 @@ def stage_compute(model: ModelSpec, s: Strategy, i: int, start: int, end: int, g
         if i == s.pp - 1:
             of, ob = C.output_layer_time(model, s, g.gpu)
             f, bwd = f + of, bwd + ob
+            if model.mtp_num_layers:
+                mf, mb = C.mtp_time(model, s, g.gpu, _layer_time(model, tk, g.gpu, model.is_moe_layer(model.num_layers - 1)))
+                f, bwd = f + mf, bwd + mb
         if best is None or f + bwd > best.forward_s + best.backward_s:
             best = StageCompute(f, bwd, w, core, g, (skip_dense, skip_moe), len(full_set))
     return best

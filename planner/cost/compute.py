@@ -379,6 +379,21 @@ def output_layer_time(model: ModelSpec, s: Strategy, gpu: GPUProfile) -> tuple[f
     return f + ce, 2 * f + ce   # backward: input-grad and weight-grad GEMMs, softmax grad
 
 
+def mtp_time(model: ModelSpec, s: Strategy, gpu: GPUProfile, layer: LayerTime) -> tuple[float, float]:
+    """(forward, backward) seconds of the multi-token-prediction modules on the last stage: each
+    runs its two norms, the 2h -> h projection, one decoder layer of the model's last kind and
+    the shared output layer with its loss again (Megatron multi_token_prediction.py)."""
+    M = s.seq_length / s.cp * s.micro_batch_size
+    h = model.hidden_size
+    proj = gemm_time(gpu, gemm_dtype(s, gpu), M, h / s.tp, 2 * h)
+    norms = stream_time(gpu, 2 * 2 * BYTES_16BIT * M * h, kernels=2)
+    of, ob = output_layer_time(model, s, gpu)
+    k = model.mtp_num_layers
+    fwd = k * (proj + norms + layer.forward + of)
+    bwd = k * (2 * proj + 2 * norms + layer.backward_input + layer.backward_weight + layer.recompute + ob)
+    return fwd, bwd
+
+
 def embedding_time(model: ModelSpec, s: Strategy, gpu: GPUProfile) -> tuple[float, float]:
     """(forward, backward) seconds of the embedding lookup (gather) and its gradient (scatter)."""
     M = s.seq_length / s.cp * s.micro_batch_size
@@ -454,4 +469,13 @@ def model_flops_per_step(model: ModelSpec, s: Strategy) -> float:
             mm += model.dense_mlp_params
         total += 2.0 * mm * B * S + 2.0 * B * S * S * a * (dqk + dv)
     total += 2.0 * model.embedding_params() * B * S     # output layer (logits)
+    if model.mtp_num_layers:
+        # each MTP module: a decoder layer of the last kind, its 2h -> h projection and the logits
+        i = model.num_layers - 1
+        mm = model.attention_params + (model.router_params + model.shared_expert_params
+                                       + model.moe_router_topk * model.expert_params if model.is_moe_layer(i)
+                                       else model.dense_mlp_params)
+        per = 2.0 * (mm + 2 * model.hidden_size ** 2 + model.embedding_params()) * B * S \
+            + 2.0 * B * S * S * a * (dqk + dv)
+        total += model.mtp_num_layers * per
     return 3.0 * total
