@@ -210,10 +210,18 @@ def check_structure(s: Strategy, model: ModelSpec) -> None:
                               f"of tp ({s.tp}); use a sequence length divisible by {s.cp * s.tp}, or no sequence "
                               "parallelism")
     layers = s.stage_layers(model)
-    if len(layers) != s.pp or sum(layers) != model.num_layers or min(layers) < 1:
+    # an explicit layout (chunk_layers) may leave a rank without decoder layers (E|t*8|...|L)
+    least = 0 if s.chunk_layers is not None else 1
+    if len(layers) != s.pp or sum(layers) != model.num_layers or min(layers) < least:
         raise InvalidStrategy("layer-split",
                               f"layers per stage {list(layers)} must be {s.pp} positive counts summing to "
                               f"{model.num_layers}")
+    if s.chunk_layers is not None:
+        c = s.chunk_layers
+        if len(c) != s.pp * s.vpp or min(c) < 0 or tuple(sum(c[r::s.pp]) for r in range(s.pp)) != tuple(layers):
+            raise InvalidStrategy("chunk-layers",
+                                  f"chunk_layers {list(c)} must be pp x vpp = {s.pp * s.vpp} counts whose sums per "
+                                  f"rank (segments r, r + pp, ...) are the layers per stage {list(layers)}")
     if s.vpp > 1:
         if s.pp < 2:
             raise InvalidStrategy("vpp-needs-pp", "virtual stages need pipeline parallel size > 1")

@@ -137,8 +137,8 @@ def megatron_args(model: ModelSpec, s: Strategy) -> list[str]:
         else:
             add("--recompute-method", "block")
             add("--recompute-num-layers", s.recompute_num_layers)
-    if s.sp:
-        add("--sequence-parallel")
+    if s.sequence_parallel:
+        add("--sequence-parallel")    # Megatron switches it off by itself at TP = 1
     if s.zero_stage == 1:
         add("--use-distributed-optimizer")
     elif s.zero_stage in (2, 3):

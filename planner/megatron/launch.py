@@ -272,7 +272,9 @@ def from_flags(pf: ParsedFlags, source: str, name: str, world: int | None = None
     if problems:
         raise InvalidLaunch(problems, source)
     h, L, a = v["hidden_size"], v["num_layers"], v["num_attention_heads"]
-    gated = bool(val("swiglu") or val("quick_geglu"))
+    # gated MLPs (three h x ffn matrices): --swiglu, --quick-geglu; --squared-relu is not gated
+    # (core_transformer_config_from_args; with --swiglu a rule refuses the launch)
+    gated = bool(val("swiglu") or (val("quick_geglu") and not val("squared_relu")))
     m: dict = {"name": name, "num_layers": L, "hidden_size": h, "num_attention_heads": a,
                "swiglu": gated, "normalization": val("normalization"),
                "untie_embeddings_and_output_weights": bool(val("untie_embeddings_and_output_weights")),
@@ -463,8 +465,10 @@ def _strategy(v: dict, val, model: ModelSpec, world: int | None, source: str):
     if vpp < 1:
         vpp = 1
     if chunk_layers is not None:
+        # kept only when the per-rank counts do not say it all: uneven chunks on a rank, or a
+        # rank without decoder layers (Strategy: None = each rank's layers split evenly)
         even = all(len(set(chunk_layers[r::pp])) == 1 for r in range(pp))
-        if vpp == 1 or even:
+        if even and min(rank_sums(chunk_layers, pp)) > 0:
             chunk_layers = None
         if layers_per_stage is not None and len(set(layers_per_stage)) == 1 and sum(layers_per_stage) == L \
                 and chunk_layers is None and layers_per_stage == _even(L, pp):
@@ -501,14 +505,22 @@ def _strategy(v: dict, val, model: ModelSpec, world: int | None, source: str):
         offload_optimizer=bool(val("optimizer_cpu_offload")),
         optimizer_offload_fraction=float(val("optimizer_offload_fraction")),
         grad_reduce_in_bf16=bool(val("grad_reduce_in_bf16")),
-        main_grads_dtype=val("main_grads_dtype"), main_params_dtype=val("main_params_dtype"),
-        exp_avg_dtype=val("exp_avg_dtype"), exp_avg_sq_dtype=val("exp_avg_sq_dtype"),
+        **_state_dtypes(val),
         recompute_modules=modules, cpu_offloading_num_layers=val("cpu_offloading_num_layers"),
         fp8_recipe=val("fp8_recipe"), fp8_param_gather=bool(val("fp8_param_gather")),
         delay_wgrad_compute=bool(val("delay_wgrad_compute")), chunk_layers=chunk_layers,
         use_precision_aware_optimizer=bool(val("use_precision_aware_optimizer")),
         cuda_graph_impl=graph_impl, cuda_graph_scope=tuple(scope_words), **moe_kw)
     return s, notes, unpriced
+
+
+def _state_dtypes(val) -> dict:
+    """--main-grads-dtype & co. take effect with --use-precision-aware-optimizer only
+    (optimizer_config.py refuses them otherwise: a rule says so)."""
+    names = ("main_grads_dtype", "main_params_dtype", "exp_avg_dtype", "exp_avg_sq_dtype")
+    if not val("use_precision_aware_optimizer"):
+        return {n: "fp32" for n in names}
+    return {n: val(n) for n in names}
 
 
 def _even(L: int, pp: int) -> tuple[int, ...]:

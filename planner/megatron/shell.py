@@ -696,7 +696,10 @@ class Interpreter:
             return names_unknown[0]
         if not re.fullmatch(r"[0-9+\-*/%() \t]*", expr):
             return Unknown("$((" + text + "))", "command", "$((" + text + "))")
-        return _arith_eval(expr.replace("/", "//")) if expr.strip() else 0
+        if not expr.strip():
+            return 0
+        v = _arith_eval(expr.replace("/", "//").strip())
+        return Unknown("$((" + text + "))", "command", "$((" + text + "))") if v is None else v
 
     # ---- running
     def run_text(self, text: str, line0: int = 0):
@@ -1143,7 +1146,9 @@ def _strip_assign_prefix(parts, n: int):
     return tuple(out) or (("lit", "", True),)
 
 
-def _arith_eval(expr: str) -> int:
+def _arith_eval(expr: str) -> int | None:
+    """Integer arithmetic over + - * // % and parentheses; None if it is not that (or divides
+    by zero)."""
     import ast
     import operator as op
     ops = {ast.Add: op.add, ast.Sub: op.sub, ast.Mult: op.mul, ast.FloorDiv: op.floordiv, ast.Mod: op.mod}
@@ -1163,8 +1168,8 @@ def _arith_eval(expr: str) -> int:
         raise ValueError
     try:
         return ev(ast.parse(expr, mode="eval"))
-    except (SyntaxError, ValueError, ZeroDivisionError, RecursionError):
-        return 0
+    except (SyntaxError, ValueError, ZeroDivisionError, RecursionError, OverflowError):
+        return None
 
 
 def _test(vals):

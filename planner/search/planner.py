@@ -970,7 +970,10 @@ def search(model: ModelSpec, cluster: ClusterSpec, o: SearchOptions, progress=No
     if not res.plans and closest is None:
         closest = _closest_of(model, cluster, unfit, zero_opts)
     if not res.plans and closest is not None:
-        res.closest = closest[1] if isinstance(closest[1], Estimate) else estimate(model, cluster, closest[1])
+        try:
+            res.closest = closest[1] if isinstance(closest[1], Estimate) else estimate(model, cluster, closest[1])
+        except InvalidStrategy:
+            res.closest = None   # the nearest miss breaks a structure rule: no plan to show
     if res.plans and cluster.is_heterogeneous:
         used = set(res.plans[0].stage_groups)
         res.idle_groups = [g.name for g in cluster.node_groups if g.name not in used]
