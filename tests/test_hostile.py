@@ -272,3 +272,19 @@ def test_gate_refuses_sequence_parallel_with_an_indivisible_sequence(launches, t
     f.write_text(LAUNCH + "--tensor-model-parallel-size 8 --sequence-parallel --seq-length 8193\n")
     rc, out, err = run_main(["check", "--cluster", "dgx-h100-x8", "--megatron-args", str(f)])
     assert rc == 1 and "INVALID" in err and "sp-seq-divisible-by-tp" in err
+
+
+def test_zero_worlds_are_refused(tmp_path):
+    """`torchrun --nnodes 0` used to fall back to the cluster (then crash), `--world-size 0` was
+    ignored: both are one line and exit 2."""
+    base = ("pretrain_gpt.py --num-layers 2 --hidden-size 512 --num-attention-heads 8 --vocab-size 1000 "
+            "--seq-length 512 --max-position-embeddings 512 --micro-batch-size 1 --global-batch-size 8 --bf16\n")
+    zero = tmp_path / "zero.sh"
+    zero.write_text("torchrun --nnodes 0 --nproc-per-node 8 " + base)
+    ok = tmp_path / "ok.sh"
+    ok.write_text("torchrun --nnodes 1 --nproc-per-node 8 " + base)
+    for args in (["check", "--cluster", "dgx-h100-x8", "--megatron-args", str(zero)],
+                 ["check", "--cluster", "dgx-h100-x8", "--megatron-args", str(ok), "--world-size", "0"],
+                 ["estimate", "--cluster", "dgx-h100-x8", "--megatron-args", str(ok), "--world-size", "-2"]):
+        r = run(args)
+        assert r.returncode == 2 and "world" in one_error_line(r.stderr).lower(), (args, r.stderr)

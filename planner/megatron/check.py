@@ -112,6 +112,8 @@ def load_launch(path: str, cluster, model_ref, world_size=None, settings: dict |
     from ..library import load_model_ref
     from .launch import parse_file
 
+    if world_size is not None and (isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1):
+        raise SpecError("--world-size", None, f"found {world_size!r}, expected an integer >= 1")
     given_model = load_model_ref(model_ref) if model_ref else None
     launch = parse_file(path, dict(os.environ), default_world_size=world_size or cluster.num_gpus,
                         settings=settings, vocab_model=given_model)

@@ -206,6 +206,9 @@ def find_launch(text: str, source: str, env: dict, base_dir: Path | None, args: 
     if len(cands) > 1:
         f.notes.append(f"{len(cands)} commands run a Python script; read the training launch at line {c.line}")
     _world_from_launcher(f, res.sbatch)
+    if f.world is not None and f.world < 1:
+        # torchrun --nnodes 0, srun --ntasks 0: no rank would start
+        raise SpecError(source, "world size", f"{f.world_from} starts {f.world} processes; expected at least 1")
     return f, res
 
 
