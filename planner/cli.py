@@ -48,8 +48,28 @@ err_console = _make_console(stderr=True)
 _DEBUG = {"on": False}
 
 
+def version_text() -> str:
+    """'planner 0.1.0': the installed distribution's version (the package's own if it was never
+    installed, e.g. on PYTHONPATH)."""
+    from importlib import metadata
+
+    from . import __version__
+    try:
+        return f"planner {metadata.version('planner')}"
+    except metadata.PackageNotFoundError:
+        return f"planner {__version__}"
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        sys.stdout.write(version_text() + "\n")
+        raise typer.Exit(0)
+
+
 @app.callback()
-def _root(debug: bool = typer.Option(False, "--debug", help="Show tracebacks for unexpected errors.")):
+def _root(debug: bool = typer.Option(False, "--debug", help="Show tracebacks for unexpected errors."),
+          version: bool = typer.Option(False, "--version", callback=_print_version, is_eager=True,
+                                       help="Print the version and exit.")):
     _DEBUG["on"] = debug
 
 
@@ -70,6 +90,28 @@ def models():
         t.add_row(n, str(m.num_layers), str(m.hidden_size), str(m.num_attention_heads),
                   str(m.num_query_groups), str(m.num_experts or "-"), f"{m.parameters / 1e9:.2f}",
                   f"{m.active_parameters / 1e9:.2f}")
+    console.print(t)
+
+
+@app.command()
+def clusters():
+    """List the bundled clusters: node groups, GPUs, links and prices."""
+    from rich.table import Table
+    from .library import bundled_cluster_names, load_cluster_ref
+    t = Table(title="Bundled clusters (one row per node group; links per node unless said)")
+    for col in ("cluster", "GPUs", "node group", "nodes x GPUs", "GPU", "scale-up / GPU", "NICs", "between groups",
+                "$/GPU-h"):
+        t.add_column(col, justify="left" if col in ("cluster", "node group", "GPU", "between groups") else "right")
+    for n in bundled_cluster_names():
+        c = load_cluster_ref(n)
+        links = [f"{ic.a}-{ic.b} {ic.bandwidth_bytes_per_s * 8 / 1e9:g} Gb/s, {ic.latency_s * 1e6:g} us"
+                 for ic in c.interconnects]
+        for k, g in enumerate(c.node_groups):
+            t.add_row(n if k == 0 else "", f"{c.num_gpus:,}" if k == 0 else "", g.name,
+                      f"{g.nodes} x {g.gpus_per_node}", g.gpu.name, f"{g.intra_node_bandwidth_bytes_per_s / 1e9:g} GB/s",
+                      f"{g.nics_per_node} x {g.nic_bandwidth_bytes_per_s * 8 / 1e9:g} Gb/s",
+                      "; ".join(links) if k == 0 and links else ("-" if k == 0 else ""),
+                      "-" if g.price_per_gpu_hour is None else f"{g.price_per_gpu_hour:g}")
     console.print(t)
 
 
@@ -443,6 +485,88 @@ def plan(
     elif plot_done and not as_json:
         console.print(f"wrote the plots into {plot}", markup=False)
     raise typer.Exit(0)
+
+
+@app.command()
+def sweep(
+    model: str = typer.Option(..., "--model", help="Model YAML / HF config.json path or bundled name."),
+    cluster: List[str] = typer.Option(..., "--cluster", help="A cluster to try (repeat for several)."),
+    nodes: Optional[List[str]] = typer.Option(None, "--nodes", help="Node counts to try: 16,32,64 (every node group "
+                                                                    "at each count) or GROUP=8,16 (one group; "
+                                                                    "several: every combination)."),
+    global_batch_size: int = typer.Option(..., "--global-batch-size"),
+    seq_length: int = typer.Option(..., "--seq-length"),
+    fix: Optional[List[str]] = typer.Option(None, "--fix", help="Pin a choice in every search, e.g. --fix tp=8"),
+    precision: str = typer.Option("bf16", "--precision", help="bf16 | fp16 | fp8"),
+    zero: str = typer.Option("0,1", "--zero-stages", help="ZeRO stages to consider (2, 3 = Megatron-FSDP)"),
+    min_gpu_fraction: float = typer.Option(MIN_GPU_FRACTION, "--min-gpu-fraction", help=_HELP_MIN_FRACTION,
+                                           show_default=True),
+    objective: str = typer.Option("throughput", "--objective", help=_HELP_OBJECTIVE, show_default=True),
+    train_tokens: Optional[str] = typer.Option(None, "--train-tokens", help=_HELP_TOKENS),
+    charge_idle: bool = typer.Option(False, "--charge-idle", help=_HELP_CHARGE_IDLE),
+    time_limit: float = typer.Option(120.0, "--time-limit", help="Seconds each search may take."),
+    jobs: Optional[int] = typer.Option(None, "--jobs", help="Searches run at once (default: every core)."),
+    plot: Optional[str] = typer.Option(None, "--plot", help="Folder for sweep.png, the scaling picture (plot extra)."),
+    as_json: bool = typer.Option(False, "--json"),
+):
+    """What if: the best plan of one model on each cluster and node count, searched in parallel;
+    one row each (plan, tokens/s, $ per million tokens, days)."""
+    from .emit.sweep import render_sweep, sweep_document
+    from .library import load_cluster_ref, load_model_ref, resolve_model_ref
+    from .search.objective import check_objective
+    from .search.planner import SearchOptions
+    from .search.sweep import default_jobs, parse_nodes, run_sweep, sweep_options
+    from .strategy import PRECISIONS
+    if precision not in PRECISIONS:
+        raise SpecError("--precision", None, f"found {precision!r}, expected one of {', '.join(PRECISIONS)}")
+    int_option("--global-batch-size", global_batch_size, 1, MAX_COUNT)
+    int_option("--seq-length", seq_length, 1, MAX_COUNT)
+    int_option("--jobs", jobs, 1, 1024)
+    if not time_limit > 0:
+        raise SpecError("--time-limit", None, f"found {time_limit:g}, expected seconds > 0")
+    zs = _zero_stages(zero)
+    fixed = _parse_fix(fix)
+    _budget_options(None, None, min_gpu_fraction, None)
+    objective, tokens = _objective_options(objective, train_tokens)
+    every, named = parse_nodes(nodes)
+    if plot is not None:
+        from .emit.writer import check_plot_folder
+        check_plot_folder(plot)
+    model_file = resolve_model_ref(model)
+    m = load_model_ref(model)
+    clusters = [load_cluster_ref(c) for c in cluster]
+    for c in clusters:
+        check_objective(c, objective, charge_idle)
+    options = sweep_options(clusters, every, named)
+    opts = SearchOptions(global_batch_size=global_batch_size, seq_length=seq_length, top=1, fixed=fixed,
+                         precision=precision, zero_stages=zs, time_limit_s=time_limit,
+                         min_gpu_fraction=min_gpu_fraction, objective=objective, charge_idle=charge_idle)
+    n_jobs = jobs or default_jobs()
+    if as_json or not err_console.is_terminal:
+        outcomes = run_sweep(m, options, opts, tokens, n_jobs)
+    else:
+        from rich.progress import Progress
+        with Progress(transient=True, console=err_console) as prog:
+            task = prog.add_task(f"sweep: {len(options)} searches, {min(n_jobs, len(options))} at a time",
+                                 total=len(options))
+            outcomes = run_sweep(m, options, opts, tokens, n_jobs,
+                                 on_done=lambda k, n: prog.update(task, completed=k))
+    if as_json:
+        _print_json(sweep_document(outcomes, m, model_file, opts, tokens))
+    else:
+        render_sweep(outcomes, m, opts, tokens, console)
+    if plot is not None:
+        from pathlib import Path
+
+        from .emit import plots
+        title = f"{m.name}: global batch {global_batch_size} x {seq_length} tokens, best plan of each option"
+        try:
+            f = plots.scaling(outcomes, Path(plot) / "sweep.png", title)
+        except OSError as exc:
+            raise SpecError("--plot", None, f"cannot write in {printable(plot)}: {exc.strerror or exc}") from None
+        if not as_json:
+            console.print(f"wrote {f}", markup=False)
+    raise typer.Exit(0 if any(x.plan is not None for x in outcomes) else 1)
 
 
 def _zero_stages(zero: str) -> tuple[int, ...]:

@@ -450,3 +450,74 @@ def test_gpu_budget_bounds_the_space(budget, expect):
     assert {e.strategy.world_size for e in r.plans} <= expect
     best = min((e for e in _brute_force_run(SMALL, HOMOGENEOUS, o)[3]), key=lambda e: e.step_time_s)
     assert r.plans[0].step_time_s == pytest.approx(best.step_time_s, rel=1e-9)
+
+
+# ---- the cost objective --------------------------------------------------------------------
+# MIXED with prices: H100 at $4 and A100 at $2 per GPU-hour (2024-25 cloud list prices are of
+# this order; only their ratio matters here).
+PRICES = {"h100": 4.0, "a100": 2.0}
+PRICED_MIXED = cluster_from_dict({
+    "name": "mixed-2x4-priced",
+    "node_groups": [{**_group(g["name"], g["gpu"], 1, g["nic"]), "price_per_gpu_hour": PRICES[g["name"]]}
+                    for g in ({"name": "h100", "gpu": "h100-sxm-80g", "nic": 400},
+                              {"name": "a100", "gpu": "a100-sxm-40g", "nic": 200})],
+    "interconnect": [{"between": ["h100", "a100"], "bandwidth": "100 Gb/s", "latency": "20 us"}]}, "test")
+
+
+def _usd_per_step(e, charge_idle=False):
+    """Dollars a step: the GPUs on each node group (every stage of a search plan sits on one)
+    at its price, or every GPU of the cluster."""
+    s = e.strategy
+    if charge_idle:
+        return sum(PRICES[g] * 4 for g in PRICES) * e.step_time_s / 3600
+    return sum(PRICES[g] * s.gpus_per_stage for g in s.stage_node_groups) * e.step_time_s / 3600
+
+
+def test_cheapest_plan_differs_from_the_fastest_and_both_are_exact():
+    """On a priced heterogeneous cluster the fastest plan runs on both node groups, while the
+    cheapest per token leaves the A100s idle (they add less speed than they cost). Under
+    --objective cost the top K are the K cheapest plans that no plan dominates on step time,
+    memory, GPUs and dollars, against brute force (the estimates of the unpriced cluster: a
+    price changes no time); with --charge-idle the whole cluster is paid for, so cost ranks as
+    step time."""
+    o = replace(OPTIONS, top=3)
+    _, _, _, fitting = _brute_force(MODEL, MIXED, o)
+    plans = _plans_of_space(fitting)
+    points = [_point(e) + (_usd_per_step(e),) for e in plans]
+    by_cost = sorted(_front(points), key=lambda p: (p[3],) + p[:3])
+    fast = search(MODEL, PRICED_MIXED, o)
+    cheap = search(MODEL, PRICED_MIXED, replace(o, objective="cost"))
+    got = [_point(e) + (_usd_per_step(e),) for e in cheap.plans]
+    assert _flat(got) == pytest.approx(_flat(by_cost[:3]), rel=1e-9)
+    f, c = fast.plans[0], cheap.plans[0]
+    assert set(f.stage_groups) == {"h100", "a100"} and set(c.stage_groups) == {"h100"}
+    assert c.step_time_s > f.step_time_s and _usd_per_step(c) < _usd_per_step(f)
+    fig = cheap.plan_figures[0]
+    assert fig.gpus_used == 4 and fig.gpus_idle == 4
+    assert fig.usd_per_million_tokens == pytest.approx(
+        _usd_per_step(c) / (o.global_batch_size * o.seq_length) * 1e6, rel=1e-12)
+    _assert_counts_add_up(cheap)
+    whole = search(MODEL, PRICED_MIXED, replace(o, objective="cost", charge_idle=True))
+    assert whole.plans[0].step_time_s == f.step_time_s
+    assert whole.plan_figures[0].usd_per_million_tokens == pytest.approx(
+        _usd_per_step(f, charge_idle=True) / (o.global_batch_size * o.seq_length) * 1e6, rel=1e-12)
+
+
+def test_the_k_th_best_can_rise_and_the_top_k_stays_exact():
+    """A new plan that dominates two of the K best lowers their count: the K-th best objective
+    rises (which is why the search defers, not drops, what lies above it)."""
+    from types import SimpleNamespace
+
+    from planner.search.planner import _Plans
+
+    plans = _Plans(replace(OPTIONS, top=3))
+
+    def fig(step, gib, gpus):
+        return SimpleNamespace(objective=lambda _: step, point=(step, gib, gpus, 0.0))
+
+    for step, gib in ((1.0, 60.0), (2.0, 50.0), (3.0, 40.0), (4.0, 30.0)):
+        plans.add(SimpleNamespace(step=step), fig(step, gib, 8))
+    assert plans.kth() == 3.0
+    plans.add(SimpleNamespace(step=1.5), fig(1.5, 35.0, 8))   # dominates the plans of 2 s and 3 s
+    assert [x[0] for x in plans.items] == [1.0, 1.5, 4.0] and plans.kth() == 4.0
+    assert plans.dominate(5.0, 8, 0.0, 35 * 2**30) and not plans.dominate(5.0, 4, 0.0, 35 * 2**30)

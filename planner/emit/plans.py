@@ -126,7 +126,7 @@ def render_plans(res, m, c, info: dict, o, train_tokens, console) -> None:
     console.print(optimality_text(info), markup=False)
     if res.hidden_dominated and not o.keep_dominated:
         console.print(f"left out: {res.hidden_dominated} priced plan(s) in this range that another plan matches or "
-                      "beats on step time, memory and GPUs" + (" and $" if priced else "")
+                      "beats on step time, memory" + (", GPUs and $" if priced else " and GPUs")
                       + " (--all lists them)", markup=False)
     if res.idle_groups:
         console.print(f"node groups left idle by the best plan: {', '.join(res.idle_groups)} "
