@@ -59,6 +59,12 @@ class Estimate:
         return all(m.fits for m in self.memory)
 
     @property
+    def memory_verdict(self) -> str:
+        """fits | tight | does not fit: the worst stage's (cost/memory.py StageMemory.verdict)."""
+        order = ("fits", "tight", "does not fit")
+        return max((m.verdict for m in self.memory), key=order.index)
+
+    @property
     def peak_memory(self) -> StageMemory:
         return max(self.memory, key=lambda m: m.total / m.capacity)
 
@@ -152,7 +158,8 @@ def _time_key(s: Strategy) -> Strategy:
                     precision=s.precision, fused_attention=s.fused_attention, recompute_modules=s.recompute_modules,
                     fp8_recipe=s.fp8_recipe, moe_token_dispatcher_type=s.moe_token_dispatcher_type,
                     moe_pad_expert_input_to_capacity=s.moe_pad_expert_input_to_capacity,
-                    cuda_graph_impl=s.cuda_graph_impl, cuda_graph_scope=s.cuda_graph_scope)
+                    cuda_graph_impl=s.cuda_graph_impl, cuda_graph_scope=s.cuda_graph_scope,
+                    tp_comm_overlap=s.tp_comm_overlap)
 
 
 
@@ -197,6 +204,9 @@ def stage_compute(model: ModelSpec, s: Strategy, i: int, start: int, end: int, g
         if i == s.pp - 1:
             of, ob = C.output_layer_time(model, s, g.gpu)
             f, bwd = f + of, bwd + ob
+            if model.mtp_num_layers:
+                mf, mb = C.mtp_time(model, s, g.gpu, _layer_time(model, tk, g.gpu, model.is_moe_layer(model.num_layers - 1)))
+                f, bwd = f + mf, bwd + mb
         if best is None or f + bwd > best.forward_s + best.backward_s:
             best = StageCompute(f, bwd, w, core, g, (skip_dense, skip_moe), len(full_set))
     return best
@@ -211,7 +221,7 @@ def host_bound(forward_s: float, backward_s: float, layers) -> tuple[float, floa
     segment; the rest of the forward, and the backward, are one segment each."""
     host_f = sum(n * lt.host_forward for n, lt in layers if not lt.host_synced)
     gpu_f_free = sum(n * lt.forward for n, lt in layers if not lt.host_synced)
-    synced = sum(n * max(lt.forward, lt.host_forward) for n, lt in layers if lt.host_synced)
+    synced = sum(n * (max(lt.forward, lt.host_forward) + lt.host_sync_wait) for n, lt in layers if lt.host_synced)
     synced_gpu = sum(n * lt.forward for n, lt in layers if lt.host_synced)
     other_gpu = forward_s - gpu_f_free - synced_gpu          # embedding, output layer
     forward = synced + max(gpu_f_free + other_gpu, host_f)

@@ -128,3 +128,49 @@ def test_tp_comm_overlap_and_ep_overlap_hide_communication():
     a = estimate(MIXTRAL, mc, ms)
     b = estimate(MIXTRAL, mc, ms.with_(overlap_moe_expert_parallel_comm=True, delay_wgrad_compute=True))
     assert b.breakdown["exposed_communication_by_axis"].get("ep", 0) < a.breakdown["exposed_communication_by_axis"]["ep"]
+
+
+def test_check_verdict_has_a_margin(tmp_path):
+    """`planner check` says FITS (with the model's stated margin), TIGHT (fits, but not by the
+    margin: exit 0 with a warning) or DOES NOT FIT (exit 1), each with the numbers."""
+    import json
+    import subprocess
+    import sys
+
+    import yaml
+
+    from planner.cost.memory import fixed_overhead_bytes, memory_uncertainty
+
+    s = Strategy(tp=8, pp=2, dp=4, micro_batch_size=1, global_batch_size=64, seq_length=4096, recompute="none")
+    launch = tmp_path / "l.sh"
+    launch.write_text("torchrun --nnodes 8 --nproc-per-node 8 pretrain_gpt.py --num-layers 80 --hidden-size 8192 "
+                      "--ffn-hidden-size 28672 --num-attention-heads 64 --group-query-attention --num-query-groups 8 "
+                      "--vocab-size 128256 --swiglu --normalization RMSNorm --position-embedding-type rope "
+                      "--untie-embeddings-and-output-weights --disable-bias-linear --attention-dropout 0 "
+                      "--hidden-dropout 0 --tensor-model-parallel-size 8 --pipeline-model-parallel-size 2 "
+                      "--sequence-parallel --micro-batch-size 1 --global-batch-size 64 --seq-length 4096 "
+                      "--max-position-embeddings 8192 --use-distributed-optimizer --bf16\n")
+    e = estimate(LLAMA, load_cluster_ref("dgx-h100-x8"), s)
+    worst = max(e.memory, key=lambda m: m.total)
+    u = memory_uncertainty(LLAMA)
+    prof = yaml.safe_load(open("hardware_profiles/h100-sxm-80g.yaml"))
+
+    def run(capacity_factor):
+        cap = worst.total * capacity_factor
+        mem = cap * (1 + H100.fragmentation_fraction) + fixed_overhead_bytes(LLAMA, s, H100)
+        prof["memory"] = f"{mem / 2**20:.3f} MiB"
+        (tmp_path / "gpu.yaml").write_text(yaml.safe_dump(prof))
+        (tmp_path / "c.yaml").write_text(yaml.safe_dump({"name": "c", "node_groups": [
+            {"name": "g", "nodes": 8, "gpus_per_node": 8, "gpu": "gpu.yaml", "nics_per_node": 8,
+             "nic_bandwidth": "400 Gb/s"}]}))
+        args = [sys.executable, "-m", "planner.cli", "check", "--cluster", str(tmp_path / "c.yaml"),
+                "--megatron-args", str(launch)]
+        text = subprocess.run(args, capture_output=True, text=True)
+        js = subprocess.run(args + ["--json"], capture_output=True, text=True)
+        return text, json.loads(js.stdout)
+
+    for factor, verdict, rc, word in ((1 + 2 * u, "fits", 0, "FITS"), (1 + u / 2, "tight", 0, "TIGHT"),
+                                      (0.97, "does not fit", 1, "DOES NOT FIT")):
+        text, doc = run(factor)
+        assert text.returncode == rc and doc["verdict"] == verdict, (factor, text.stdout, text.stderr)
+        assert word in text.stdout + text.stderr and "uncertainty" in text.stdout + text.stderr

@@ -185,8 +185,8 @@ def launches(tmp_path_factory):
 
 def _verdicts(launches, env, tty, ok=False):
     """check on an invalid launch (exit 1, INVALID line), an unusable input (exit 2, error
-    line) and, with ok, a valid one (exit 0, OK line), all under `env`."""
-    cases = [("bad.sh", 1, "INVALID"), ("missing.sh", 2, "error:")] + ([("ok.sh", 0, "OK")] if ok else [])
+    line) and, with ok, a valid one (exit 0, FITS line), all under `env`."""
+    cases = [("bad.sh", 1, "INVALID"), ("missing.sh", 2, "error:")] + ([("ok.sh", 0, "FITS")] if ok else [])
     for f, code, verdict in cases:
         args = ["check", "--cluster", "dgx-h100-x8", "--megatron-args", str(launches / f)]
         if tty:

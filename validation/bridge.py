@@ -81,10 +81,15 @@ def main(argv=None) -> None:
     out = rows(a.as_published)
     summary = {}
     for system in SYSTEMS:
-        errs = [abs(r["error_pct"]) for r in out if r["system"] == system and "error_pct" in r]
-        fits = [r["fits"] for r in out if r["system"] == system and "fits" in r]
+        mine = [r for r in out if r["system"] == system]
+        errs = [abs(r["error_pct"]) for r in mine if "error_pct" in r]
+        dense = [abs(r["error_pct"]) for r in mine if "error_pct" in r and r["id"].startswith("llama")]
+        moe = [abs(r["error_pct"]) for r in mine if "error_pct" in r and not r["id"].startswith("llama")]
         summary[system] = {"rows": len(errs), "mape_pct": sum(errs) / len(errs) if errs else None,
-                           "judged_to_fit": sum(fits), "unreadable": sum(1 for r in out if r["system"] == system and "error" in r)}
+                           "dense_mape_pct": sum(dense) / len(dense) if dense else None, "dense_rows": len(dense),
+                           "moe_mape_pct": sum(moe) / len(moe) if moe else None, "moe_rows": len(moe),
+                           "judged_to_fit": sum(r["fits"] for r in mine if "fits" in r),
+                           "unreadable": sum(1 for r in mine if "error" in r)}
     if a.json:
         print(json.dumps({"rows": out, "summary": summary}, indent=2))
         return
@@ -97,9 +102,11 @@ def main(argv=None) -> None:
         print(f"{r['id']:50s} {r['measured_s']:9.3f} {r['predicted_s']:9.3f} {r['error_pct']:+6.1f}% {mem:>18s} "
               f"{'fits' if r['fits'] else 'DOES NOT FIT'} (stage {r['stage']})")
     for system, s in summary.items():
-        mape = f"{s['mape_pct']:.1f}%" if s["mape_pct"] is not None else "-"
-        print(f"{system}: step-time MAPE {mape} over {s['rows']} rows; {s['judged_to_fit']} of {s['rows']} judged "
-              f"to fit (all ran); {s['unreadable']} unreadable")
+        def pct(x):
+            return f"{x:.1f}%" if x is not None else "-"
+        print(f"{system}: step-time MAPE {pct(s['mape_pct'])} over {s['rows']} rows (dense {pct(s['dense_mape_pct'])} "
+              f"over {s['dense_rows']}, MoE {pct(s['moe_mape_pct'])} over {s['moe_rows']}); {s['judged_to_fit']} of "
+              f"{s['rows']} judged to fit (all ran); {s['unreadable']} unreadable")
 
 
 if __name__ == "__main__":

@@ -42,6 +42,12 @@ class LayerTime:
     host_forward: float = 0.0   # host seconds to issue the forward's kernels (0 under a CUDA graph)
     host_backward: float = 0.0  # host seconds to issue the backward's (and recompute's) kernels
     host_synced: bool = False   # the forward waits on the GPU once (dropless MoE: token counts)
+    # with --tp-comm-overlap: per TP-split GEMM in forward order (QKV, out-proj, fc1, fc2 or the
+    # shared expert's), (its time whole, its time as tp chunks of m / tp rows): userbuffers run
+    # it chunk by chunk while the ring exchange brings the next chunk
+    tp_overlap_gemms: tuple = ()
+    tp_degree: int = 1
+    host_sync_wait: float = 0.0   # after the sync the GPU idles while the host issues the next kernels
 
     @property
     def total(self) -> float:
@@ -174,12 +180,17 @@ RECOMPUTE_PARTS = {
 
 def attention_keys_per_query(model: ModelSpec, seq_length: int) -> float:
     """Mean keys a causal query attends to: (s + 1) / 2, or with a sliding window of w keys
-    (--window-size) (w + 1) - w (w + 1) / (2 s) once s >= w."""
+    (--window-size) (w + 1) - w (w + 1) / (2 s) once s >= w; averaged over the layers when only
+    some use the window (--window-attn-skip-freq)."""
     s = seq_length
     w = model.window_size
+    full = (s + 1) / 2
     if not w or w >= s:
-        return (s + 1) / 2
-    return (w + 1) - w * (w + 1) / (2 * s)
+        return full
+    windowed = (w + 1) - w * (w + 1) / (2 * s)
+    pat = model.window_attention_pattern
+    share = sum(pat) / len(pat) if pat else 1.0
+    return share * windowed + (1 - share) * full
 
 
 def cuda_graph_parts(s: Strategy, moe: bool) -> set | None:
@@ -336,12 +347,25 @@ def layer_time(model: ModelSpec, s: Strategy, gpu: GPUProfile, moe: bool) -> Lay
         elif rec_parts:
             host_b += P.host([k for k in rec_parts if eager is None or k in eager]) * gpu.efficiency.host_launch_overhead_s
     synced = moe and s.moe_token_dispatcher_type != "allgather" and not s.moe_pad_expert_input_to_capacity
+    # once the host has waited for the token counts, the permutation's and the dispatch's kernels
+    # run as fast as the host issues them (the GPU has nothing queued)
+    sync_wait = (HOST_KERNELS["permute"] + HOST_KERNELS["unpermute"]) * gpu.efficiency.host_launch_overhead_s if synced else 0.0
     col_parts = ("qkv", "mla_up", "fc1", "shared")
+    overlap = ()
+    if s.tp_comm_overlap and t > 1 and s.sp:
+        shapes = [(M, (a_loc + 2 * g_loc) * model.kv_channels, h), (M, h, a_loc * dv)]
+        if not moe:
+            shapes += [(M, model.ffn_hidden_size * glu / t, h), (M, h, model.ffn_hidden_size / t)]
+        elif model.moe_shared_expert_intermediate_size:
+            fs = model.moe_shared_expert_intermediate_size
+            shapes += [(M, fs * glu / t, h), (M, h, fs / t)]
+        overlap = tuple((gemm_time(gpu, dt, m, n, k), t * gemm_time(gpu, dt, m / t, n, k)) for m, n, k in shapes)
     return LayerTime(forward=fwd, backward_input=b_input, backward_weight=b_weight,
                      recompute=recompute, core_attention_forward=core, flops_forward=P.flops,
                      column_parallel_gemm_forward=sum(P.gemm.get(k, 0.0) for k in col_parts),
                      shared_expert_forward=P.gemm.get("shared", 0.0),
-                     host_forward=host_f, host_backward=host_b, host_synced=synced)
+                     host_forward=host_f, host_backward=host_b, host_synced=synced, tp_overlap_gemms=overlap,
+                     tp_degree=t, host_sync_wait=sync_wait)
 
 
 def output_layer_time(model: ModelSpec, s: Strategy, gpu: GPUProfile) -> tuple[float, float]:
@@ -353,6 +377,21 @@ def output_layer_time(model: ModelSpec, s: Strategy, gpu: GPUProfile) -> tuple[f
     f = gemm_time(gpu, dt, M, v_loc, h)
     ce = stream_time(gpu, (BYTES_16BIT + 4 + 4) * M * v_loc, kernels=3)   # upcast, softmax, loss
     return f + ce, 2 * f + ce   # backward: input-grad and weight-grad GEMMs, softmax grad
+
+
+def mtp_time(model: ModelSpec, s: Strategy, gpu: GPUProfile, layer: LayerTime) -> tuple[float, float]:
+    """(forward, backward) seconds of the multi-token-prediction modules on the last stage: each
+    runs its two norms, the 2h -> h projection, one decoder layer of the model's last kind and
+    the shared output layer with its loss again (Megatron multi_token_prediction.py)."""
+    M = s.seq_length / s.cp * s.micro_batch_size
+    h = model.hidden_size
+    proj = gemm_time(gpu, gemm_dtype(s, gpu), M, h / s.tp, 2 * h)
+    norms = stream_time(gpu, 2 * 2 * BYTES_16BIT * M * h, kernels=2)
+    of, ob = output_layer_time(model, s, gpu)
+    k = model.mtp_num_layers
+    fwd = k * (proj + norms + layer.forward + of)
+    bwd = k * (2 * proj + 2 * norms + layer.backward_input + layer.backward_weight + layer.recompute + ob)
+    return fwd, bwd
 
 
 def embedding_time(model: ModelSpec, s: Strategy, gpu: GPUProfile) -> tuple[float, float]:
@@ -430,4 +469,13 @@ def model_flops_per_step(model: ModelSpec, s: Strategy) -> float:
             mm += model.dense_mlp_params
         total += 2.0 * mm * B * S + 2.0 * B * S * S * a * (dqk + dv)
     total += 2.0 * model.embedding_params() * B * S     # output layer (logits)
+    if model.mtp_num_layers:
+        # each MTP module: a decoder layer of the last kind, its 2h -> h projection and the logits
+        i = model.num_layers - 1
+        mm = model.attention_params + (model.router_params + model.shared_expert_params
+                                       + model.moe_router_topk * model.expert_params if model.is_moe_layer(i)
+                                       else model.dense_mlp_params)
+        per = 2.0 * (mm + 2 * model.hidden_size ** 2 + model.embedding_params()) * B * S \
+            + 2.0 * B * S * S * a * (dqk + dv)
+        total += model.mtp_num_layers * per
     return 3.0 * total

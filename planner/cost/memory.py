@@ -50,6 +50,22 @@ TP_OVERLAP_BUFFER_SITES = 10
 DEEPEP_BUFFER_BYTES = 1024 * MIB
 
 
+# The memory model's stated uncertainty, from its errors against measured allocator peaks
+# (python validation/memory.py: Megatron-LM's CI runs, last-stage max allocated): dense models
+# within 3% (the 7B-class runs within 2.2%), MoE models under by up to 12.8% (dropless routing is
+# not balanced and its peak drifts upward during training, +3.8% over 36 steps in one CI run;
+# the model assumes balanced routing). A plan whose peak plus this margin exceeds the device is
+# TIGHT: it may still run out of memory. Small models also err by a near-constant amount (the
+# small buffers the model does not list: RNG states, Megatron's global buffers, fp8 metadata):
+# up to 0.4 GiB on the CI's h=512 models, hence the absolute term.
+MEMORY_UNCERTAINTY = {"dense": 0.03, "moe": 0.13}
+MEMORY_UNCERTAINTY_BYTES = 256 * MIB
+
+
+def memory_uncertainty(model: ModelSpec) -> float:
+    return MEMORY_UNCERTAINTY["moe" if model.is_moe else "dense"]
+
+
 def bytes_per_param(s: Strategy) -> dict:
     """GPU bytes per parameter of each training state before sharding, from the launch's dtypes
     (megatron/core/optimizer/optimizer_config.py, param_and_grad_buffer.py; TE FusedAdam):
@@ -259,6 +275,7 @@ class StageMemory:
     device_bytes: float = 0.0      # the device's memory as it reports it (nvidia-smi)
     overhead_bytes: float = 0.0    # CUDA context + NCCL buffers + cuBLAS/TE workspaces
     fragmentation_fraction: float = 0.0   # caching allocator: reserved beyond allocated / allocated
+    uncertainty: float = 0.0       # the model's stated relative error on `total` (MEMORY_UNCERTAINTY)
 
     @property
     def total(self) -> float:
@@ -278,6 +295,18 @@ class StageMemory:
     @property
     def fits(self) -> bool:
         return self.total <= self.capacity
+
+    @property
+    def margin_bytes(self) -> float:
+        """How far the model may be off on this stage, bytes (its stated uncertainty)."""
+        return self.total * self.uncertainty + MEMORY_UNCERTAINTY_BYTES
+
+    @property
+    def verdict(self) -> str:
+        """fits (with the model's margin), tight (fits, but not by the margin), does not fit."""
+        if self.total + self.margin_bytes <= self.capacity:
+            return "fits"
+        return "tight" if self.fits else "does not fit"
 
 
 def fully_recomputed_layers(s: Strategy, start: int, end: int):
@@ -375,18 +404,25 @@ def nccl_communicators(model: ModelSpec, s: Strategy) -> int:
     return n
 
 
-def fixed_overhead_bytes(model: ModelSpec, s: Strategy, gpu: GPUProfile) -> float:
-    """Device memory outside the model's tensors: the CUDA context with its loaded kernels
-    (profile `cuda_context`), NCCL's buffers per communicator (profile
-    `nccl_memory_per_communicator`), the cuBLAS / Transformer Engine GEMM workspaces, TE's
-    userbuffers for --tp-comm-overlap and DeepEP's buffers for the flex dispatcher."""
+def gemm_workspace_bytes(model: ModelSpec, s: Strategy, gpu: GPUProfile) -> float:
+    """cuBLAS / Transformer Engine GEMM workspaces, allocated through PyTorch's caching allocator
+    (so inside torch.cuda.max_memory_allocated): PyTorch's and TE's compute streams, TE's
+    userbuffer streams with --tp-comm-overlap, its grouped-GEMM streams for MoE experts."""
     ws = CUBLAS_WORKSPACE_BYTES[gpu.compute_capability >= 9.0]
-    streams = 2   # PyTorch's and TE's compute streams
+    streams = 2
     if s.tp_comm_overlap:
         streams += TE_GEMM_STREAMS_TP_OVERLAP
     if model.is_moe and s.moe_grouped_gemm:
         streams += TE_GEMM_STREAMS_GROUPED
-    out = gpu.cuda_context_bytes + streams * ws + nccl_communicators(model, s) * gpu.nccl_bytes_per_communicator
+    return streams * ws
+
+
+def fixed_overhead_bytes(model: ModelSpec, s: Strategy, gpu: GPUProfile) -> float:
+    """Device memory outside PyTorch's allocator: the CUDA context with its loaded kernels
+    (profile `cuda_context`), NCCL's buffers per communicator (profile
+    `nccl_memory_per_communicator`), TE's userbuffers for --tp-comm-overlap (registered outside
+    the allocator) and DeepEP's buffers for the flex dispatcher."""
+    out = gpu.cuda_context_bytes + nccl_communicators(model, s) * gpu.nccl_bytes_per_communicator
     if s.tp_comm_overlap and s.sp:
         tokens = s.seq_length / s.cp * s.micro_batch_size
         out += TP_OVERLAP_BUFFER_SITES * tokens * model.hidden_size * act.BYTES_16BIT
@@ -440,7 +476,7 @@ def stage_memory(model: ModelSpec, s: Strategy, placement: Placement, stage: int
         for group in ("dense", "norms", "experts"):
             host += getattr(sp, group) * bpp[state] * placement.host_factor(state, group)
     kept, transient = stage_activation_bytes(model, s, stage)
-    buffers = transient
+    buffers = transient + gemm_workspace_bytes(model, s, gpu)
     if s.zero_stage >= 2:
         n_data = s.dp * s.cp
         bucket = max(DDP_BUCKET_MIN_PARAMS, DDP_BUCKET_PARAMS_PER_DP_RANK * n_data)
@@ -455,4 +491,5 @@ def stage_memory(model: ModelSpec, s: Strategy, placement: Placement, stage: int
         activations=kept, buffers=buffers, capacity=allocatable_bytes(model, s, gpu), host_bytes=host,
         in_flight=in_flight_microbatches(s, stage), device_bytes=gpu.memory_bytes,
         overhead_bytes=fixed_overhead_bytes(model, s, gpu), fragmentation_fraction=gpu.fragmentation_fraction,
+        uncertainty=memory_uncertainty(model),
     )

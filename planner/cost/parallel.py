@@ -66,7 +66,8 @@ class StageWork:
 
 # ---- TP ---------------------------------------------------------------------------------------
 
-def tp_layer_collectives(model: ModelSpec, s: Strategy, groups: list[NodeGroup], cluster: ClusterSpec):
+def tp_layer_collectives(model: ModelSpec, s: Strategy, groups: list[NodeGroup], cluster: ClusterSpec,
+                         moe: bool = False):
     """TP collectives of one layer and one micro-batch by when they run (Korthikanti et al. 2022,
     sec. 4.2.2; megatron/core/tensor_parallel/layers.py LinearWithGradAccumulationAndAsync-
     Communication, and Transformer Engine's Linear, which overlap the same way):
@@ -79,18 +80,22 @@ def tp_layer_collectives(model: ModelSpec, s: Strategy, groups: list[NodeGroup],
       column-parallel linear runs asynchronously while its weight gradient is computed.
     - backward, under dgrad: with SP the re-gather of the column-parallel input for its wgrad runs
       while its dgrad is computed.
+    A dense layer has two such pairs (attention, MLP). A MoE layer has the attention's and its
+    shared expert's, if any: with SP each TP rank routes its own s/tp tokens to the experts, so
+    the routed experts add no TP collective (megatron/core/transformer/moe/moe_layer.py).
     Returns ({phase: [(kind, count, seconds each)]}, message bytes (the full [s/cp, b, h] bf16
     tensor), link)."""
     link = group_link(groups, s.tp, 1, cluster)
     msg = BYTES_16BIT * s.seq_length / s.cp * s.micro_batch_size * model.hidden_size
     ag, rs, ar = (collective_time(k, msg, s.tp, link) for k in ("all-gather", "reduce-scatter", "all-reduce"))
+    pairs = 2 if not moe else 1 + (1 if model.moe_shared_expert_intermediate_size else 0)
     if s.sp:
-        phases = {"forward": [("all-gather", 2, ag), ("reduce-scatter", 2, rs)],
-                  "backward": [("all-gather", 2, ag)],
-                  "under-wgrad": [("reduce-scatter", 2, rs)],
-                  "under-dgrad": [("all-gather", 2, ag)]}
+        phases = {"forward": [("all-gather", pairs, ag), ("reduce-scatter", pairs, rs)],
+                  "backward": [("all-gather", pairs, ag)],
+                  "under-wgrad": [("reduce-scatter", pairs, rs)],
+                  "under-dgrad": [("all-gather", pairs, ag)]}
     else:
-        phases = {"forward": [("all-reduce", 2, ar)], "backward": [], "under-wgrad": [("all-reduce", 2, ar)],
+        phases = {"forward": [("all-reduce", pairs, ar)], "backward": [], "under-wgrad": [("all-reduce", pairs, ar)],
                   "under-dgrad": []}
     return phases, msg, link
 
@@ -107,25 +112,53 @@ def tp_layer_exposed_s(phases: dict, lt, recomputed: bool, tp_comm_overlap: bool
     every collective is split into chunks pipelined with the neighbouring GEMMs, forward and
     backward: only what exceeds the layer's GEMM time shows."""
     fwd = _phase_s(phases["forward"]) * (2 if recomputed else 1)
-    raw = fwd + _phase_s(phases["backward"]) + _phase_s(phases["under-wgrad"]) + _phase_s(phases["under-dgrad"])
-    if tp_comm_overlap:
-        gemms = lt.backward_weight * (3 + (1 if recomputed else 0))   # fwd, dgrad, wgrad (+ re-run fwd)
-        return max(0.0, raw - gemms)
+    if tp_comm_overlap and lt.tp_overlap_gemms:
+        return tp_overlap_exposed_s(phases, lt, recomputed)
     col = lt.column_parallel_gemm_forward if async_backward else 0.0
     return (fwd + _phase_s(phases["backward"]) + max(0.0, _phase_s(phases["under-wgrad"]) - col)
             + max(0.0, _phase_s(phases["under-dgrad"]) - col))
 
 
+def _ring_pair_s(gemm_s: float, chunked_s: float, comm_s: float, tp: int) -> float:
+    """A GEMM and its collective pipelined over tp chunks (Transformer Engine userbuffers' ring
+    exchange): tp - 1 steps each move 1/tp of the tensor while a chunk is computed; the first
+    chunk is local, the last step's GEMM cannot overlap. Seconds beyond the GEMM's own time."""
+    g_c, c_step = chunked_s / tp, comm_s / max(tp - 1, 1)
+    return max(tp * g_c, (tp - 1) * c_step) + min(g_c, c_step) - gemm_s
+
+
+def tp_overlap_exposed_s(phases: dict, lt, recomputed: bool) -> float:
+    """TP communication left exposed under --tp-comm-overlap (TE userbuffers, Megatron's default
+    config): forward all-gathers and reduce-scatters run as ring exchanges with their GEMMs
+    (fprop of QKV / out-projection / fc1 / fc2), backward the output-gradient all-gathers with
+    the row-parallel dgrads; the column-parallel input re-gather and dgrad reduce-scatter are
+    bulk overlaps under that linear's dgrad and wgrad. Chunking costs GEMM efficiency (m / tp
+    rows per chunk), counted here as exposed TP time."""
+    rows = {kind: t1 for kind, _, t1 in phases["forward"]}
+    ag, rs = rows.get("all-gather", 0.0), rows.get("reduce-scatter", 0.0)
+    tp = lt.tp_degree
+    fwd = 0.0
+    for i, (g, gc) in enumerate(lt.tp_overlap_gemms):
+        fwd += _ring_pair_s(g, gc, ag if i % 2 == 0 else rs, tp)   # column-parallel: AG; row: RS
+    bwd = 0.0
+    for i, (g, gc) in enumerate(lt.tp_overlap_gemms):
+        if i % 2 == 1:   # row-parallel dgrad with the all-gather of its output gradient
+            bwd += _ring_pair_s(g, gc, ag, tp)
+        else:            # column-parallel: bulk re-gather under dgrad, reduce-scatter under wgrad
+            bwd += max(0.0, ag - g) + max(0.0, rs - g)
+    return fwd * (2 if recomputed else 1) + bwd
+
+
 def tp_cost(model: ModelSpec, s: Strategy, groups: list[NodeGroup], cluster: ClusterSpec, w: StageWork) -> AxisCost:
     if s.tp <= 1:
         return AxisCost("tp")
-    phases, msg, link = tp_layer_collectives(model, s, groups, cluster)
     # layers by (kind, recomputed?): layers of one kind cost the same
     exposed = 0.0
     counts: dict = {}
     for (moe, recomputed), n in w.layer_counts.items():
         if n <= 0:
             continue
+        phases, msg, link = tp_layer_collectives(model, s, groups, cluster, moe)
         exposed += n * tp_layer_exposed_s(phases, w.layer_times[moe], recomputed, s.tp_comm_overlap,
                                           s.async_tensor_model_parallel_allreduce)
         for phase, rows in phases.items():

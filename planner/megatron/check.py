@@ -246,33 +246,44 @@ def run_check(cluster_ref, megatron_args, plan_file, model_ref, world_size, as_j
     except InvalidStrategy as exc:
         return _invalid(result, [str(exc)], src, as_json, err_console, extra, console)
     result["fits"] = e.fits
+    result["verdict"] = e.memory_verdict
     result["step_time_s"] = e.step_time_s
     result["mfu"] = e.mfu
     result["mfu_basis"] = e.mfu_basis
     result["model_tflops_per_gpu"] = e.model_tflops_per_gpu
+    result["memory_uncertainty_fraction"] = e.memory[0].uncertainty
     for m in e.memory:
         result["stages"].append({"stage": m.stage, "node_group": m.node_group, "needed_bytes": m.total,
-                                 "usable_bytes": m.capacity, "headroom_bytes": m.headroom, "fits": m.fits})
+                                 "usable_bytes": m.capacity, "headroom_bytes": m.headroom, "fits": m.fits,
+                                 "verdict": m.verdict, "margin_bytes": m.margin_bytes,
+                                 "device_bytes": m.device_bytes, "device_total_bytes": m.device_total})
     if as_json:
         print(json.dumps(result, indent=2, sort_keys=True))
+    unc = f"the model's uncertainty is {e.memory[0].uncertainty * 100:.0f}% ({'MoE' if model.is_moe else 'dense'})"
     if not e.fits:
         for m in e.memory:
             if not m.fits:
                 msg = (f"stage {m.stage} ({m.node_group}) needs {m.total / GIB:.1f} GiB, "
-                       f"{m.capacity / GIB:.1f} GiB usable ({(m.total - m.capacity) / GIB:.1f} GiB short)")
+                       f"{m.capacity / GIB:.1f} GiB usable ({(m.total - m.capacity) / GIB:.1f} GiB short; "
+                       f"{m.device_total / GIB:.1f} of the device's {m.device_bytes / GIB:.1f} GiB with "
+                       f"context, NCCL and fragmentation; {unc})")
                 _annotate("error", f"does not fit: {msg}", src)
                 if not as_json:
                     err_console.print(f"DOES NOT FIT {src}: {msg}", markup=False)
         _print_extra(extra, as_json, console)
         return 1
-    worst = min(e.memory, key=lambda m: m.headroom)
-    if worst.headroom < 0.05 * worst.capacity:
-        _annotate("warning", f"stage {worst.stage} has only {worst.headroom / GIB:.1f} GiB headroom", src)
-    if not as_json:
-        heads = ", ".join(f"stage {m.stage}: {m.headroom / GIB:.1f} GiB" for m in e.memory)
-        console.print(f"OK {src}: valid and fits; headroom per stage: {heads}; "
-                      f"step {e.step_time_s:.3f} s, {e.model_tflops_per_gpu:.0f} model TFLOP/s/GPU, {e.mfu_label}",
-                      markup=False)
+    worst = min(e.memory, key=lambda m: m.headroom - m.margin_bytes)
+    heads = ", ".join(f"stage {m.stage}: {m.headroom / GIB:.1f} GiB" for m in e.memory)
+    tail = (f"step {e.step_time_s:.3f} s, {e.model_tflops_per_gpu:.0f} model TFLOP/s/GPU, {e.mfu_label}")
+    if e.memory_verdict == "tight":
+        msg = (f"stage {worst.stage} fits by {worst.headroom / GIB:.1f} GiB, less than the model's margin of "
+               f"{worst.margin_bytes / GIB:.1f} GiB ({unc}): it may run out of memory")
+        _annotate("warning", f"tight: {msg}", src)
+        if not as_json:
+            console.print(f"TIGHT {src}: valid; {msg}; headroom per stage: {heads}; {tail}", markup=False)
+    elif not as_json:
+        console.print(f"FITS {src}: valid, and fits with the model's margin ({unc}); headroom per stage: "
+                      f"{heads}; {tail}", markup=False)
     _print_extra(extra, as_json, console)
     return 0
 

@@ -103,6 +103,8 @@ def megatron_args(model: ModelSpec, s: Strategy) -> list[str]:
         add("--mtp-num-layers", model.mtp_num_layers)
     if model.window_size is not None:
         add("--window-size", f"{model.window_size},0")
+        if model.window_attention_pattern and not all(model.window_attention_pattern):
+            add("--window-attn-skip-freq", "[" + ",".join(str(x) for x in model.window_attention_pattern) + "]")
     if model.multi_latent_attention:
         add("--multi-latent-attention")
         if model.q_lora_rank:

@@ -339,6 +339,8 @@ def from_flags(pf: ParsedFlags, source: str, name: str, world: int | None = None
             m["window_size"] = left
         if len(ws_flag) > 1 and ws_flag[1] not in (0, -1):
             notes.append(f"--window-size {','.join(map(str, ws_flag))}: keys after the query are not priced")
+        if val("window_attn_skip_freq") is not None:
+            m["window_attn_skip_freq"] = val("window_attn_skip_freq")
     try:
         model = model_from_dict(m, source)
     except SpecError as exc:
@@ -474,7 +476,19 @@ def _strategy(v: dict, val, model: ModelSpec, world: int | None, source: str):
                       moe_grouped_gemm=bool(val("moe_grouped_gemm")),
                       moe_pad_expert_input_to_capacity=bool(val("moe_pad_expert_input_to_capacity")),
                       overlap_moe_expert_parallel_comm=bool(val("overlap_moe_expert_parallel_comm")),
-                      moe_shared_expert_overlap=bool(val("moe_shared_expert_overlap")))
+                      moe_shared_expert_overlap=bool(val("moe_shared_expert_overlap")),
+                      moe_router_dtype=val("moe_router_dtype") or "bf16",
+                      moe_permute_fusion=bool(val("moe_permute_fusion")))
+    # CUDA graphs: --cuda-graph-impl (or the older --enable-cuda-graph = local) over the modules
+    # of --cuda-graph-modules / --cuda-graph-scope (default: whole layers)
+    graph_impl = val("cuda_graph_impl") or "none"
+    if val("enable_cuda_graph") and graph_impl == "none":
+        graph_impl = "local"
+    scope_words = []
+    for x in (val("cuda_graph_modules") or val("cuda_graph_scope_deprecated") or []):
+        scope_words += [w for w in str(x).replace(",", " ").split() if w]
+    if graph_impl == "full_iteration":
+        scope_words = ["full_iteration"]
     s = Strategy(
         tp=tp, pp=pp, dp=max(dp, 1), cp=cp, ep=ep, etp=val("expert_tensor_parallel_size"), vpp=vpp,
         micro_batch_size=mbs, global_batch_size=gbs,
@@ -491,7 +505,9 @@ def _strategy(v: dict, val, model: ModelSpec, world: int | None, source: str):
         exp_avg_dtype=val("exp_avg_dtype"), exp_avg_sq_dtype=val("exp_avg_sq_dtype"),
         recompute_modules=modules, cpu_offloading_num_layers=val("cpu_offloading_num_layers"),
         fp8_recipe=val("fp8_recipe"), fp8_param_gather=bool(val("fp8_param_gather")),
-        delay_wgrad_compute=bool(val("delay_wgrad_compute")), chunk_layers=chunk_layers, **moe_kw)
+        delay_wgrad_compute=bool(val("delay_wgrad_compute")), chunk_layers=chunk_layers,
+        use_precision_aware_optimizer=bool(val("use_precision_aware_optimizer")),
+        cuda_graph_impl=graph_impl, cuda_graph_scope=tuple(scope_words), **moe_kw)
     return s, notes, unpriced
 
 

@@ -453,10 +453,10 @@ class _Bounds:
         if v is None:
             model, g = self.model, self.cluster.group(group_name)
 
-            def tp(lt):
+            def tp(lt, moe=False):
                 if s.tp <= 1:
                     return 0.0
-                phases, _, _ = tp_layer_collectives(model, s, [g], self.cluster)
+                phases, _, _ = tp_layer_collectives(model, s, [g], self.cluster, moe)
                 return tp_layer_exposed_s(phases, lt, s.recompute == "full", s.tp_comm_overlap,
                                           s.async_tensor_model_parallel_allreduce)
 
@@ -465,7 +465,7 @@ class _Bounds:
             moe = dense
             if model.is_moe:
                 lt_m = _layer_time(model, tk, g.gpu, True)
-                moe = lt_m.total + tp(lt_m)
+                moe = lt_m.total + tp(lt_m, True)
                 if s.ep > 1:
                     phases, _ = ep_layer_collectives(model, s, [g], self.cluster)
                     moe += ep_layer_exposed_s(phases, lt_m, s.recompute == "full", s)

@@ -58,6 +58,9 @@ class ModelSpec:
     mtp_num_layers: int = 0
     # sliding-window attention (--window-size): keys within this many tokens before the query
     window_size: int | None = None
+    # --window-attn-skip-freq: which layers use the window (1) and which attend to all keys (0):
+    # every k-th layer is full for an int k, or a 0/1 list per layer; () = every layer windowed
+    window_attention_pattern: tuple[int, ...] = ()
     # --make-vocab-size-divisible-by: the embedding is padded to a multiple of this x TP
     make_vocab_size_divisible_by: int = MAKE_VOCAB_SIZE_DIVISIBLE_BY
     # Multi-latent attention (DeepSeek-V2/V3)
@@ -214,7 +217,7 @@ MODEL_FIELDS = {
     "num_experts", "moe_router_topk", "moe_ffn_hidden_size", "moe_shared_expert_intermediate_size",
     "moe_layer_freq", "moe_capacity_factor", "multi_latent_attention", "q_lora_rank",
     "kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim", "moe_router_num_groups",
-    "moe_router_group_topk", "mtp_num_layers", "window_size", "make_vocab_size_divisible_by", "source", "notes",
+    "moe_router_group_topk", "mtp_num_layers", "window_size", "window_attn_skip_freq", "make_vocab_size_divisible_by", "source", "notes",
 }
 REQUIRED_MODEL_FIELDS = {"name", "num_layers", "hidden_size", "num_attention_heads", "vocab_size"}
 
@@ -222,10 +225,10 @@ MAX_LAYERS = 10_000
 MAX_WIDTH = 1_000_000
 
 
-def parse_moe_layer_freq(value: Any, num_layers: int, source: str) -> tuple[int, ...]:
+def parse_moe_layer_freq(value: Any, num_layers: int, source: str, fld: str = "moe_layer_freq") -> tuple[int, ...]:
     """Megatron's --moe-layer-freq: an int k (every k-th layer is MoE, starting at layer 0),
-    a list of 0/1 per layer, or the string form '([0]*3+[1]*58)'."""
-    fld = "moe_layer_freq"
+    a list of 0/1 per layer, or the string form '([0]*3+[1]*58)' (also the list forms of
+    --window-attn-skip-freq, named by `fld`)."""
     if value is None:
         value = 1
     if isinstance(value, bool):
@@ -287,6 +290,17 @@ def model_from_dict(data: Any, source: str) -> ModelSpec:
     group_topk = get_int(data, "moe_router_group_topk", source, maximum=100_000)
     mtp = get_int(data, "mtp_num_layers", source, default=0, minimum=0, maximum=MAX_LAYERS)
     window = get_int(data, "window_size", source, maximum=100_000_000)
+    full_pattern: tuple[int, ...] = ()
+    if data.get("window_attn_skip_freq") is not None:
+        if window is None:
+            raise SpecError(source, "window_attn_skip_freq", "set, but window_size is not")
+        # megatron/core/transformer/utils.py is_layer_window_attention: layer i (from 1) uses the
+        # window unless i % k == 0; a list gives 1 for a windowed layer
+        skip = data["window_attn_skip_freq"]
+        if isinstance(skip, int) and not isinstance(skip, bool) and skip >= 1:
+            full_pattern = tuple(0 if (i + 1) % skip == 0 else 1 for i in range(L))
+        else:
+            full_pattern = parse_moe_layer_freq(skip, L, source, fld="window_attn_skip_freq")
     vocab_multiple = get_int(data, "make_vocab_size_divisible_by", source, default=MAKE_VOCAB_SIZE_DIVISIBLE_BY,
                              minimum=1, maximum=1_000_000)
     pattern: tuple[int, ...] = ()
@@ -340,6 +354,7 @@ def model_from_dict(data: Any, source: str) -> ModelSpec:
         moe_layer_pattern=pattern, moe_capacity_factor=cf, multi_latent_attention=mla,
         moe_router_num_groups=n_groups if num_experts else None,
         moe_router_group_topk=group_topk if num_experts else None, mtp_num_layers=mtp, window_size=window,
+        window_attention_pattern=full_pattern,
         make_vocab_size_divisible_by=vocab_multiple,
         source=get_str(data, "source", source, default="") or "", origin=source, **mla_fields,
     )

@@ -1,0 +1,86 @@
+"""How the H100 and B200 efficiency constants were chosen: a grid over a few profile efficiency
+fields, each pair scored by the step-time MAPE over NVIDIA's published Megatron-Bridge rows of
+that GPU (validation/bridge.py reads them), one constant set for every row of the GPU.
+
+Usage: python validation/fit_gpu.py --gpu h100|b200 [--rows dense|moe|all]
+       [--grid FIELD=v1,v2,... ...]
+
+The defaults reproduce the bundled profiles' choice: matmul_fp8 and flash_attention on the dense
+(Llama) rows, then host_launch_overhead on the MoE rows with those fixed. Each grid point prints
+its MAPE and the per-row errors.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import yaml
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent))
+
+import bridge as B  # noqa: E402
+from planner.estimate import _layer_time, estimate  # noqa: E402
+from planner.units import parse_time  # noqa: E402
+
+DEFAULT_GRIDS = {
+    "dense": {"matmul_fp8": [0.45, 0.5, 0.55, 0.6], "flash_attention": [0.45, 0.5, 0.55, 0.6, 0.65]},
+    "moe": {"host_launch_overhead_s": [10e-6, 15e-6, 20e-6, 25e-6, 30e-6]},
+}
+
+
+def _rows(gpu: str, which: str):
+    perf = {r["id"]: r for r in yaml.safe_load(open(B.DATA / "megatron_bridge_perf.yaml"))["rows"]}
+    out = []
+    for r in yaml.safe_load(open(B.DATA / "megatron_bridge_launches.yaml"))["rows"]:
+        if gpu not in r["id"]:
+            continue
+        dense = r["id"].startswith("llama")
+        if (which == "dense" and not dense) or (which == "moe" and dense):
+            continue
+        p = perf[r["id"]]
+        launch = B.read_launch(r["launch"], r["id"], p["gpus"])
+        measured = p["gbs"] * p["seq"] / (p["tokens_per_s_per_gpu"] * p["gpus"])
+        out.append((r["id"], launch, B.dgx_cluster(r["system"], p["gpus"]), measured))
+    return out
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--gpu", required=True, choices=("h100", "b200"))
+    ap.add_argument("--rows", default="dense", choices=("dense", "moe", "all"))
+    ap.add_argument("--grid", nargs="*", default=None, help="FIELD=v1,v2 (efficiency fields; times in seconds)")
+    a = ap.parse_args(argv)
+    grid = DEFAULT_GRIDS.get(a.rows, DEFAULT_GRIDS["dense"])
+    if a.grid:
+        grid = {}
+        for item in a.grid:
+            k, _, vs = item.partition("=")
+            grid[k] = [parse_time(v) if k.endswith("_s") and v[-1].isalpha() else float(v) for v in vs.split(",")]
+    rows = _rows(a.gpu, a.rows)
+    print(f"{len(rows)} rows: " + ", ".join(r[0] for r in rows))
+    best = None
+    for vals in itertools.product(*grid.values()):
+        kw = dict(zip(grid, vals))
+        errs = []
+        for _, launch, cluster, measured in rows:
+            g = cluster.node_groups[0]
+            gpu = replace(g.gpu, efficiency=replace(g.gpu.efficiency, **kw))
+            c = replace(cluster, node_groups=(replace(g, gpu=gpu),))
+            _layer_time.cache_clear()
+            e = estimate(launch.model, c, launch.strategy)
+            errs.append(100 * (e.step_time_s - measured) / measured)
+        mape = sum(map(abs, errs)) / len(errs)
+        print(kw, f"MAPE {mape:.1f}%", " ".join(f"{x:+.1f}" for x in errs), flush=True)
+        if best is None or mape < best[0]:
+            best = (mape, kw)
+    print(f"best: {best[1]} (MAPE {best[0]:.1f}%)")
+
+
+if __name__ == "__main__":
+    main()
