@@ -947,7 +947,8 @@ class _Plans:
     def dominate(self, step_lb: float, gpus: int, usd_step_lb: float, peak_lb) -> bool:
         """Whether a found plan dominates every plan of an entry whose plans take at least
         step_lb seconds, exactly `gpus` GPUs, at least usd_step_lb dollars a step and at least
-        peak_lb() bytes on some GPU (called only when the other figures already tie)."""
+        peak_lb bytes on some GPU (peak_lb may be a function: it is called only when a found
+        plan already matches the other figures)."""
         if self.o.keep_dominated:
             return False
         near = [x[1] for x in self.items if x[1][0] <= step_lb and x[1][2] <= gpus and x[1][3] <= usd_step_lb]
