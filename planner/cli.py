@@ -12,6 +12,7 @@ from rich.console import Console
 
 from .errors import InvalidStrategy, PlannerError, SpecError
 from .inputs import MAX_COUNT, MAX_DEGREE, int_option, printable, terminal_size
+from .search.objective import MIN_GPU_FRACTION
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Auto-parallel planner for large-model training (Megatron-LM).")
@@ -47,8 +48,28 @@ err_console = _make_console(stderr=True)
 _DEBUG = {"on": False}
 
 
+def version_text() -> str:
+    """'planner 0.1.0': the installed distribution's version (the package's own if it was never
+    installed, e.g. on PYTHONPATH)."""
+    from importlib import metadata
+
+    from . import __version__
+    try:
+        return f"planner {metadata.version('planner')}"
+    except metadata.PackageNotFoundError:
+        return f"planner {__version__}"
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        sys.stdout.write(version_text() + "\n")
+        raise typer.Exit(0)
+
+
 @app.callback()
-def _root(debug: bool = typer.Option(False, "--debug", help="Show tracebacks for unexpected errors.")):
+def _root(debug: bool = typer.Option(False, "--debug", help="Show tracebacks for unexpected errors."),
+          version: bool = typer.Option(False, "--version", callback=_print_version, is_eager=True,
+                                       help="Print the version and exit.")):
     _DEBUG["on"] = debug
 
 
@@ -69,6 +90,28 @@ def models():
         t.add_row(n, str(m.num_layers), str(m.hidden_size), str(m.num_attention_heads),
                   str(m.num_query_groups), str(m.num_experts or "-"), f"{m.parameters / 1e9:.2f}",
                   f"{m.active_parameters / 1e9:.2f}")
+    console.print(t)
+
+
+@app.command()
+def clusters():
+    """List the bundled clusters: node groups, GPUs, links and prices."""
+    from rich.table import Table
+    from .library import bundled_cluster_names, load_cluster_ref
+    t = Table(title="Bundled clusters (one row per node group; links per node unless said)")
+    for col in ("cluster", "GPUs", "node group", "nodes x GPUs", "GPU", "scale-up / GPU", "NICs", "between groups",
+                "$/GPU-h"):
+        t.add_column(col, justify="left" if col in ("cluster", "node group", "GPU", "between groups") else "right")
+    for n in bundled_cluster_names():
+        c = load_cluster_ref(n)
+        links = [f"{ic.a}-{ic.b} {ic.bandwidth_bytes_per_s * 8 / 1e9:g} Gb/s, {ic.latency_s * 1e6:g} us"
+                 for ic in c.interconnects]
+        for k, g in enumerate(c.node_groups):
+            t.add_row(n if k == 0 else "", f"{c.num_gpus:,}" if k == 0 else "", g.name,
+                      f"{g.nodes} x {g.gpus_per_node}", g.gpu.name, f"{g.intra_node_bandwidth_bytes_per_s / 1e9:g} GB/s",
+                      f"{g.nics_per_node} x {g.nic_bandwidth_bytes_per_s * 8 / 1e9:g} Gb/s",
+                      "; ".join(links) if k == 0 and links else ("-" if k == 0 else ""),
+                      "-" if g.price_per_gpu_hour is None else f"{g.price_per_gpu_hour:g}")
     console.print(t)
 
 
@@ -268,6 +311,54 @@ def _parse_fix(items: list[str]) -> tuple:
     return tuple(out.items())
 
 
+def _budget_options(gpus, max_gpus, min_gpu_fraction, c) -> None:
+    """--gpus, --max-gpus and --min-gpu-fraction against each other and the cluster."""
+    from .inputs import MAX_COUNT
+    int_option("--gpus", gpus, 1, MAX_COUNT)
+    int_option("--max-gpus", max_gpus, 1, MAX_COUNT)
+    if gpus is not None and max_gpus is not None:
+        raise SpecError("--gpus", None, "give --gpus (exactly N) or --max-gpus (at most N), not both")
+    if not 0 <= min_gpu_fraction < 1:
+        raise SpecError("--min-gpu-fraction", None, f"found {min_gpu_fraction:g}, expected a fraction in [0, 1)")
+    if c is not None:
+        for flag, n in (("--gpus", gpus), ("--max-gpus", max_gpus)):
+            if n is not None and n > c.num_gpus:
+                raise SpecError(flag, None, f"found {n}, but {c.name} has {c.num_gpus} GPUs")
+
+
+def _objective_options(objective: str, train_tokens: Optional[str]):
+    """(objective, tokens or None) checked: --objective one of objective.OBJECTIVES, and
+    time-to-train needs --train-tokens."""
+    from .search.objective import OBJECTIVES, parse_token_count
+    from .yamlio import suggest
+    if objective not in OBJECTIVES:
+        raise SpecError("--objective", None, f"found {objective!r}, expected one of {', '.join(OBJECTIVES)}"
+                        f"{suggest(objective, OBJECTIVES)}")
+    tokens = parse_token_count(train_tokens) if train_tokens is not None else None
+    if objective == "time-to-train" and tokens is None:
+        raise SpecError("--objective", None, "time-to-train needs --train-tokens (e.g. --train-tokens 2T)")
+    return objective, tokens
+
+
+def _search_info(res, o) -> dict:
+    return {"candidates": res.candidates, "pruned": res.pruned_memory + res.pruned_bound + res.pruned_dominated,
+            "pruned_memory": res.pruned_memory, "pruned_bound": res.pruned_bound,
+            "pruned_dominated": res.pruned_dominated, "priced": res.priced, "seconds": round(res.seconds, 3),
+            "solver": res.solver, "status": res.status, "optimality_gap": res.optimality_gap,
+            "objective": o.objective, "gpus": o.gpus, "max_gpus": o.max_gpus,
+            "min_gpu_fraction": o.min_gpu_fraction, "charge_idle": o.charge_idle, "all": o.keep_dominated}
+
+
+# help text of the options `plan` and `sweep` share
+_HELP_MIN_FRACTION = ("Plans use more than this fraction of the GPUs available to them (their node groups', "
+                      "at most --max-gpus); 0 allows any size.")
+_HELP_OBJECTIVE = ("throughput | cost | time-to-train: rank by step time, by $ per million tokens "
+                   "(price_per_gpu_hour on every node group), or by days to --train-tokens.")
+_HELP_TOKENS = "Token budget for days and $ to train: 2T, 300B, 1.5e12 (suffixes K, M, B, T)."
+_HELP_CHARGE_IDLE = ("Charge every GPU of the cluster, idle ones too (a cluster held whole); default: a plan "
+                     "pays for the GPUs it uses (a reservation sized to it).")
+
+
 @app.command()
 def plan(
     model: str = typer.Option(..., "--model", help="Model YAML / HF config.json path or bundled name."),
@@ -278,6 +369,15 @@ def plan(
     fix: Optional[List[str]] = typer.Option(None, "--fix", help="Pin a choice, e.g. --fix tp=8 --fix recompute=full"),
     precision: str = typer.Option("bf16", "--precision", help="bf16 | fp16 | fp8"),
     zero: str = typer.Option("0,1", "--zero-stages", help="ZeRO stages to consider (2, 3 = Megatron-FSDP)"),
+    gpus: Optional[int] = typer.Option(None, "--gpus", help="Use exactly this many of the cluster's GPUs."),
+    max_gpus: Optional[int] = typer.Option(None, "--max-gpus", help="Use at most this many of the cluster's GPUs."),
+    min_gpu_fraction: float = typer.Option(MIN_GPU_FRACTION, "--min-gpu-fraction", help=_HELP_MIN_FRACTION,
+                                           show_default=True),
+    objective: str = typer.Option("throughput", "--objective", help=_HELP_OBJECTIVE, show_default=True),
+    train_tokens: Optional[str] = typer.Option(None, "--train-tokens", help=_HELP_TOKENS),
+    charge_idle: bool = typer.Option(False, "--charge-idle", help=_HELP_CHARGE_IDLE),
+    all_plans: bool = typer.Option(False, "--all", help="Also list plans another plan beats on every figure "
+                                                        "(step time, memory, GPUs, $)."),
     solver: str = typer.Option("dp", "--solver", help="dp | ilp | ilp-highs: stage-partition solver (the search always prices with the exact DP; ilp re-solves the top plans as an ILP)"),
     time_limit: float = typer.Option(120.0, "--time-limit", help="Seconds before the search stops with its best so far."),
     allow_tp_across_nodes: bool = typer.Option(False, "--allow-tp-across-nodes",
@@ -293,8 +393,9 @@ def plan(
     as_json: bool = typer.Option(False, "--json"),
 ):
     """Search the best DP/TP/PP/CP/EP layout, micro-batch, recompute, ZeRO and stage split."""
-    from .emit.report import estimate_to_dict
+    from .emit.plans import plan_entry, plan_figures, render_plans
     from .library import load_cluster_ref, load_model_ref, resolve_cluster_ref, resolve_model_ref
+    from .search.objective import check_objective
     from .search.planner import SearchOptions, search
     from .strategy import PRECISIONS
     if precision not in PRECISIONS:
@@ -314,12 +415,10 @@ def plan(
     int_option("--seq-length", seq_length, 1, MAX_COUNT)
     if not time_limit > 0:
         raise SpecError("--time-limit", None, f"found {time_limit:g}, expected seconds > 0")
-    try:
-        zs = tuple(int(x) for x in zero.split(","))
-        assert all(z in (0, 1, 2, 3) for z in zs)
-    except (ValueError, AssertionError):
-        raise SpecError("--zero-stages", None, f"found {zero!r}, expected e.g. 0,1") from None
+    zs = _zero_stages(zero)
     fixed = _parse_fix(fix)
+    _budget_options(gpus, max_gpus, min_gpu_fraction, None)
+    objective, tokens = _objective_options(objective, train_tokens)
     # every input and output checked before the search (which may take minutes)
     model_file, cluster_file = resolve_model_ref(model), resolve_cluster_ref(cluster)
     if out is not None:
@@ -330,25 +429,25 @@ def plan(
         check_plot_folder(plot)
     m = load_model_ref(model)
     c = load_cluster_ref(cluster)
+    _budget_options(gpus, max_gpus, min_gpu_fraction, c)
+    check_objective(c, objective, charge_idle)
     opts = SearchOptions(global_batch_size=global_batch_size, seq_length=seq_length, top=top,
                          fixed=fixed, precision=precision, zero_stages=zs, solver=solver,
                          time_limit_s=time_limit, allow_tp_across_nodes=allow_tp_across_nodes,
-                         uneven_chunks=uneven_chunks)
-    if as_json:
+                         uneven_chunks=uneven_chunks, gpus=gpus, max_gpus=max_gpus,
+                         min_gpu_fraction=min_gpu_fraction, objective=objective, charge_idle=charge_idle,
+                         keep_dominated=all_plans)
+    if as_json or not err_console.is_terminal:
         res = search(m, c, opts)
     else:
-        from rich.progress import Progress
-        with Progress(transient=True, console=err_console) as prog:
-            task = prog.add_task("pricing candidates", total=None)
-            res = search(m, c, opts, progress=lambda k, n: prog.update(task, completed=k, total=n))
+        from .emit.live import LiveSearch
+        with LiveSearch(err_console, objective) as live:
+            res = search(m, c, opts, progress=live)
     for w in res.warnings:
         err_console.print(f"warning: {w}", markup=False)
-    search_info = {"candidates": res.candidates, "pruned": res.pruned_memory + res.pruned_bound,
-                   "pruned_memory": res.pruned_memory, "pruned_bound": res.pruned_bound, "priced": res.priced,
-                   "seconds": round(res.seconds, 3), "solver": res.solver, "status": res.status,
-                   "optimality_gap": res.optimality_gap}
+    search_info = _search_info(res, opts)
     if not res.plans:
-        _report_no_fit(res, m, c, as_json, search_info, opts.fixed)
+        _report_no_fit(res, m, c, as_json, search_info, opts)
         raise typer.Exit(1)
     written = []
     plot_done = False
@@ -365,22 +464,20 @@ def plan(
         written = write_plans(res.plans, out, force, (model_file, cluster_file), extra=extra,
                               warn=lambda w: err_console.print(f"warning: {w}", markup=False))
     if as_json:
-        doc = {"search": search_info, "plans": [], "idle_node_groups": res.idle_groups}
-        for e in res.plans:
-            d = estimate_to_dict(e)
-            doc["plans"].append({"plan": d["plan"], "memory": d["memory"], "time": d["time"],
-                                 "throughput": d["throughput"], "communication": d["communication"]})
+        doc = {"status": res.status, "gap": res.optimality_gap, "objective": objective, "train_tokens": tokens,
+               "search": search_info, "idle_node_groups": res.idle_groups,
+               "plans": [plan_entry(e, f, model_file) for e, f in zip(res.plans, plan_figures(res, tokens, charge_idle))]}
         if written:
             doc["emitted"] = written
         _print_json(doc)
     else:
-        _render_plans(res, m, c, search_info)
+        render_plans(res, m, c, search_info, opts, tokens, console)
         for w in written:
             console.print(f"wrote {w}", markup=False)
         if explain:
             from .emit.explain import render_difference, render_explain
             console.print("\n[bold]Plan #1[/]")
-            render_explain(res.plans[0], console)
+            render_explain(res.plans[0], console, charge_idle=charge_idle)
             if len(res.plans) > 1:
                 render_difference(res.plans[0], res.plans[1], console)
     if plot is not None and not plot_done:
@@ -388,6 +485,97 @@ def plan(
     elif plot_done and not as_json:
         console.print(f"wrote the plots into {plot}", markup=False)
     raise typer.Exit(0)
+
+
+@app.command()
+def sweep(
+    model: str = typer.Option(..., "--model", help="Model YAML / HF config.json path or bundled name."),
+    cluster: List[str] = typer.Option(..., "--cluster", help="A cluster to try (repeat for several)."),
+    nodes: Optional[List[str]] = typer.Option(None, "--nodes", help="Node counts to try: 16,32,64 (every node group "
+                                                                    "at each count) or GROUP=8,16 (one group; "
+                                                                    "several: every combination)."),
+    global_batch_size: int = typer.Option(..., "--global-batch-size"),
+    seq_length: int = typer.Option(..., "--seq-length"),
+    fix: Optional[List[str]] = typer.Option(None, "--fix", help="Pin a choice in every search, e.g. --fix tp=8"),
+    precision: str = typer.Option("bf16", "--precision", help="bf16 | fp16 | fp8"),
+    zero: str = typer.Option("0,1", "--zero-stages", help="ZeRO stages to consider (2, 3 = Megatron-FSDP)"),
+    min_gpu_fraction: float = typer.Option(MIN_GPU_FRACTION, "--min-gpu-fraction", help=_HELP_MIN_FRACTION,
+                                           show_default=True),
+    objective: str = typer.Option("throughput", "--objective", help=_HELP_OBJECTIVE, show_default=True),
+    train_tokens: Optional[str] = typer.Option(None, "--train-tokens", help=_HELP_TOKENS),
+    charge_idle: bool = typer.Option(False, "--charge-idle", help=_HELP_CHARGE_IDLE),
+    time_limit: float = typer.Option(120.0, "--time-limit", help="Seconds each search may take."),
+    jobs: Optional[int] = typer.Option(None, "--jobs", help="Searches run at once (default: every core)."),
+    plot: Optional[str] = typer.Option(None, "--plot", help="Folder for sweep.png, the scaling picture (plot extra)."),
+    as_json: bool = typer.Option(False, "--json"),
+):
+    """What if: the best plan of one model on each cluster and node count, searched in parallel;
+    one row each (plan, tokens/s, $ per million tokens, days)."""
+    from .emit.sweep import render_sweep, sweep_document
+    from .library import load_cluster_ref, load_model_ref, resolve_model_ref
+    from .search.objective import check_objective
+    from .search.planner import SearchOptions
+    from .search.sweep import default_jobs, parse_nodes, run_sweep, sweep_options
+    from .strategy import PRECISIONS
+    if precision not in PRECISIONS:
+        raise SpecError("--precision", None, f"found {precision!r}, expected one of {', '.join(PRECISIONS)}")
+    int_option("--global-batch-size", global_batch_size, 1, MAX_COUNT)
+    int_option("--seq-length", seq_length, 1, MAX_COUNT)
+    int_option("--jobs", jobs, 1, 1024)
+    if not time_limit > 0:
+        raise SpecError("--time-limit", None, f"found {time_limit:g}, expected seconds > 0")
+    zs = _zero_stages(zero)
+    fixed = _parse_fix(fix)
+    _budget_options(None, None, min_gpu_fraction, None)
+    objective, tokens = _objective_options(objective, train_tokens)
+    every, named = parse_nodes(nodes)
+    if plot is not None:
+        from .emit.writer import check_plot_folder
+        check_plot_folder(plot)
+    model_file = resolve_model_ref(model)
+    m = load_model_ref(model)
+    clusters = [load_cluster_ref(c) for c in cluster]
+    for c in clusters:
+        check_objective(c, objective, charge_idle)
+    options = sweep_options(clusters, every, named)
+    opts = SearchOptions(global_batch_size=global_batch_size, seq_length=seq_length, top=1, fixed=fixed,
+                         precision=precision, zero_stages=zs, time_limit_s=time_limit,
+                         min_gpu_fraction=min_gpu_fraction, objective=objective, charge_idle=charge_idle)
+    n_jobs = jobs or default_jobs()
+    if as_json or not err_console.is_terminal:
+        outcomes = run_sweep(m, options, opts, tokens, n_jobs)
+    else:
+        from rich.progress import Progress
+        with Progress(transient=True, console=err_console) as prog:
+            task = prog.add_task(f"sweep: {len(options)} searches, {min(n_jobs, len(options))} at a time",
+                                 total=len(options))
+            outcomes = run_sweep(m, options, opts, tokens, n_jobs,
+                                 on_done=lambda k, n: prog.update(task, completed=k))
+    if as_json:
+        _print_json(sweep_document(outcomes, m, model_file, opts, tokens))
+    else:
+        render_sweep(outcomes, m, opts, tokens, console)
+    if plot is not None:
+        from pathlib import Path
+
+        from .emit import plots
+        title = f"{m.name}: global batch {global_batch_size} x {seq_length} tokens, best plan of each option"
+        try:
+            f = plots.scaling(outcomes, Path(plot) / "sweep.png", title)
+        except OSError as exc:
+            raise SpecError("--plot", None, f"cannot write in {printable(plot)}: {exc.strerror or exc}") from None
+        if not as_json:
+            console.print(f"wrote {f}", markup=False)
+    raise typer.Exit(0 if any(x.plan is not None for x in outcomes) else 1)
+
+
+def _zero_stages(zero: str) -> tuple[int, ...]:
+    try:
+        zs = tuple(int(x) for x in zero.split(","))
+        assert all(z in (0, 1, 2, 3) for z in zs)
+    except (ValueError, AssertionError):
+        raise SpecError("--zero-stages", None, f"found {zero!r}, expected e.g. 0,1") from None
+    return zs
 
 
 def _inside(path: str, folder: str):
@@ -402,78 +590,35 @@ def _inside(path: str, folder: str):
     return a.relative_to(b) if a == b or b in a.parents else None
 
 
-def _render_plans(res, m, c, info) -> None:
-    from rich.table import Table
-
-    from .emit.report import compress_runs
-    t = Table(title=f"Top plans: {m.name} on {c.name} ({c.num_gpus} GPUs)")
-    for col in ("#", "tp pp dp cp ep vpp", "mbs", "recompute", "zero", "layers/stage", "stages on",
-                "GiB used/usable", "step s", "tokens/s", "TFLOP/s", "MFU"):
-        t.add_column(col, justify="right", overflow="fold")
-    for k, e in enumerate(res.plans, 1):
-        s = e.strategy
-        pk = e.peak_memory
-        layers = compress_runs([str(x) for x in s.stage_layers(m)])
-        t.add_row(str(k), f"{s.tp} {s.pp} {s.dp} {s.cp} {s.ep} {s.vpp}", str(s.micro_batch_size), s.recompute_label,
-                  str(s.zero_stage), layers, compress_runs(e.stage_groups),
-                  f"{pk.total / 2**30:.1f}/{pk.capacity / 2**30:.1f}", f"{e.step_time_s:.3f}",
-                  f"{e.tokens_per_s:,.0f}", f"{e.model_tflops_per_gpu:.0f}", f"{e.mfu * 100:.1f}%")
-    console.print(t)
-    if res.plans:
-        console.print(f"TFLOP/s: model FLOPs per second per GPU; MFU against the {res.plans[0].mfu_basis}"
-                      + (" (fp8 plans too)" if res.plans[0].strategy.precision == "fp8" else ""))
-    console.print(f"searched {info['candidates']} candidates ({info['pruned_memory']} pruned by memory, "
-                  f"{info['pruned_bound']} by the step-time bound, {info['priced']} priced) in {info['seconds']:.1f} s; "
-                  f"stage partition solver: {info['solver']}")
-    if info["status"] == "time-limit":
-        console.print(f"stopped at the time limit: no plan left unpriced can be more than "
-                      f"{info['optimality_gap'] * 100:.1f}% faster than #1 (its bound)")
-    elif info["optimality_gap"] > 0:
-        console.print(f"a stage-partition DP hit its work cap: #1 is within {info['optimality_gap'] * 100:.2f}% "
-                      "of its optimal split")
-    if res.idle_groups:
-        console.print(f"node groups left idle by the best plan: {', '.join(res.idle_groups)} "
-                      "(adding them did not make a faster plan under the cost model)")
-
-
-def _report_no_fit(res, m, c, as_json, info, fixed=()) -> None:
+def _report_no_fit(res, m, c, as_json, info, o) -> None:
+    from .emit.plans import no_fit_hints
+    from .search.diagnose import budget_rule, empty_space_reason
     e = res.closest
-    msg = {"search": info, "plans": [], "error": "no plan fits in memory"}
+    msg = {"status": "no-plan" if res.status == "optimal" else res.status, "gap": None, "search": info,
+           "plans": [], "error": "no plan fits in memory"}
+    rule = f" ({budget_rule(o, c)})"
     if res.status == "time-limit":
         text = ("the search stopped at its time limit before it found a plan that fits (nothing it "
-                "priced fits); raise --time-limit or pin degrees with --fix")
-        msg["error"] = text
-        if as_json:
-            _print_json(msg)
-        else:
-            _error_line(f"error: {text}")
-        return
-    if e is not None:
+                "priced fits); raise --time-limit or pin degrees with --fix" + rule)
+    elif e is not None:
         worst = max(e.memory, key=lambda x: x.total - x.capacity)
         short = worst.total - worst.capacity
         s = e.strategy
-        hints = []
-        if s.recompute != "full":
-            hints.append("full recompute (--fix recompute=full)")
-        if s.micro_batch_size > 1:
-            hints.append("a smaller micro-batch")
-        hints.append("ZeRO-3 / FSDP (--zero-stages 0,1,3)")
-        hints.append("optimizer offload (planner estimate --offload-optimizer)")
-        need = e.model.parameters * 18 / (worst.capacity * 0.8)
-        hints.append(f"more GPUs (model states alone need about {need:,.0f} GPUs of this size at 18 bytes/parameter)")
+        hints = no_fit_hints(e, o, c)
         msg["closest"] = {"plan": {"tp": s.tp, "pp": s.pp, "dp": s.dp, "cp": s.cp, "ep": s.ep,
                                    "micro_batch_size": s.micro_batch_size, "recompute": s.recompute,
                                    "zero_stage": s.zero_stage},
                           "stage": worst.stage, "short_bytes": short, "needed_bytes": worst.total,
                           "usable_bytes": worst.capacity, "suggestions": hints}
-        text = (f"no plan fits in memory. Closest: tp={s.tp} pp={s.pp} dp={s.dp} cp={s.cp} ep={s.ep} "
+        text = (f"no plan fits in memory{rule}. Closest: tp={s.tp} pp={s.pp} dp={s.dp} cp={s.cp} ep={s.ep} "
                 f"mbs={s.micro_batch_size} recompute={s.recompute_label} zero={s.zero_stage}: stage {worst.stage} needs "
                 f"{worst.total / 2**30:.1f} GiB of {worst.capacity / 2**30:.1f} GiB usable "
                 f"({short / 2**30:.1f} GiB short). Try: " + "; ".join(hints))
     else:
-        text = "no valid plan in the search space for this model and cluster"
-        if fixed:
-            text += " with " + " ".join(f"--fix {k}={v}" for k, v in fixed) + " (check them against the model and cluster)"
+        text = f"no valid plan: {empty_space_reason(m, c, o)}"
+        if "GPU budget" not in text:
+            text += rule
+    msg["error"] = text
     if as_json:
         _print_json(msg)
     else:

@@ -88,3 +88,21 @@ def test_cli_prints_the_schema():
     assert json.loads(out.stdout) == schema("cluster")
     bad = subprocess.run([sys.executable, "-m", "planner.cli", "schema", "modle"], capture_output=True, text=True)
     assert bad.returncode == 2 and "model" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_price_per_gpu_hour_is_read_and_refused_alike():
+    """The optional price of a node group (USD per GPU-hour): loader and schema accept the
+    same values, and a price that cannot be per GPU-hour is one line naming the field."""
+    from planner.errors import SpecError
+    from planner.specs.cluster import cluster_from_dict
+
+    c = load_file(CLUSTERS_DIR / "dgx-h100-x8.yaml")
+    assert cluster_from_dict(c, "c.yaml").node_groups[0].price_per_gpu_hour is None
+    c["node_groups"][0]["price_per_gpu_hour"] = 2.49
+    assert errors(c, schema("cluster")) == []
+    assert cluster_from_dict(c, "c.yaml").node_groups[0].price_per_gpu_hour == 2.49
+    for bad in ("2.49", -1, 5000, True, float("nan")):
+        c["node_groups"][0]["price_per_gpu_hour"] = bad
+        assert errors(c, schema("cluster")) or bad != bad, bad     # JSON has no NaN; the loader refuses it
+        with pytest.raises(SpecError, match=r"c.yaml: node_groups\[0\].price_per_gpu_hour"):
+            cluster_from_dict(c, "c.yaml")

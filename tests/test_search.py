@@ -10,9 +10,9 @@ from hypothesis import given, settings, strategies as st
 
 from planner.estimate import _time_key, estimate
 from planner.errors import InvalidStrategy
-from planner.search.planner import (MICRO_BATCHES, VPP_CHOICES, SearchOptions, _Bounds, _Family,
-                                    _family_may_fit, _initial_split, enumerate_space, search, stage_layouts,
-                                    with_split)
+from planner.search.planner import (MICRO_BATCHES, VPP_CHOICES, GpuBudget, SearchOptions, _Bounds, _Family,
+                                    _family_may_fit, _initial_split, _memory_screen, enumerate_space, search,
+                                    stage_layouts, with_split)
 from planner.specs.cluster import cluster_from_dict
 from planner.specs.model import model_from_dict
 from planner.strategy import Strategy, check_structure
@@ -62,7 +62,7 @@ def _splits(L, p, v, uneven=True):
 def _space(model, cluster, o):
     """Every strategy of the searched space, with every contiguous layer split."""
     for tp, cp, pp, dp, ep, etp in enumerate_space(model, cluster, o):
-        for orders in stage_layouts(cluster, tp * cp * dp, pp).values():
+        for orders in stage_layouts(cluster, tp * cp * dp, pp, o.budget).values():
             for groups in orders:
                 for mbs in MICRO_BATCHES:
                     if o.global_batch_size % (mbs * dp):
@@ -94,13 +94,13 @@ def _space(model, cluster, o):
                                         yield s.with_(recompute_num_layers=k, layers_per_stage=split)
 
 
-def _assert_bounds(bounds, cluster, s, plain, e, extra_s=None):
+def _assert_bounds(bounds, cluster, s, plain, e, extra_s=None, budget=GpuBudget()):
     """Every bound the search prunes with, from the family down to the candidate, is at most
     the estimate, whatever the split; the vectorised children bounds do not exceed `candidate`
     (which adds whole-layer integrality)."""
     tk = _time_key(plain)
     groups = s.stage_node_groups or (cluster.node_groups[0].name,) * s.pp
-    layouts = stage_layouts(cluster, s.gpus_per_stage, s.pp)
+    layouts = stage_layouts(cluster, s.gpus_per_stage, s.pp, budget)
     step = e.step_time_s * (1 + 1e-9)
     cand = bounds.candidate(plain, tk, groups, extra_s=extra_s)
     assert cand <= step, s
@@ -112,19 +112,44 @@ def _assert_bounds(bounds, cluster, s, plain, e, extra_s=None):
         assert child <= cand * (1 + 1e-9)   # the closed form without whole layers
 
 
-def _assert_family_screen_passes(model, cluster, s, uneven):
+def _assert_family_screen_passes(model, cluster, s, uneven, budget=GpuBudget()):
     """The family memory screen never rules out a strategy that fits."""
     block = s.recompute_num_layers is not None
     base = Strategy(tp=s.tp, pp=s.pp, dp=s.dp, cp=s.cp, ep=s.ep, etp=s.etp, micro_batch_size=s.micro_batch_size,
                     global_batch_size=s.global_batch_size, seq_length=s.seq_length,
                     recompute="none" if block else s.recompute, sequence_parallel=s.tp > 1,
                     precision=s.precision, overlap_grad_reduce=True)
-    fam = _Family(base, _time_key(base), block, (s.vpp,), stage_layouts(cluster, s.gpus_per_stage, s.pp), 1)
-    assert _family_may_fit(model, cluster, fam, (s.zero_stage,), uneven, {}), s
+    fam = _Family(base, _time_key(base), block, (s.vpp,), stage_layouts(cluster, s.gpus_per_stage, s.pp, budget), 1)
+    fits, peak_lb = _family_may_fit(model, cluster, fam, (s.zero_stage,), uneven, {})
+    assert fits, s
+    return peak_lb
+
+
+def _assert_peak_bounds(model, cluster, s, e, uneven, budget=GpuBudget()):
+    """The peak-memory bounds the search prunes dominated plans with are at most the peak
+    bytes of any GPU, for the candidate (any split) and for its whole family (any vpp, ZeRO
+    stage and placement); both hold whether or not the strategy fits."""
+    peak = max(m.total for m in e.memory)
+    assert _memory_screen(model, cluster, s, need_short=False, uneven=uneven)[3] <= peak * (1 + 1e-12), s
+    if e.fits:
+        assert _assert_family_screen_passes(model, cluster, s, uneven, budget) <= peak * (1 + 1e-12), s
+
+
+_BRUTE: dict = {}
 
 
 def _brute_force(model, cluster, o):
+    """(best, fitting count, count, every fitting estimate) over the space; one run per model,
+    cluster and space (the top K does not change the space)."""
+    key = (model.name, cluster, replace(o, top=1, keep_dominated=False))
+    if key not in _BRUTE:
+        _BRUTE[key] = _brute_force_run(model, cluster, o)
+    return _BRUTE[key]
+
+
+def _brute_force_run(model, cluster, o):
     best, n_fit, n_all, bounds = None, 0, 0, _Bounds(model, cluster)
+    fitting = []
     for s in _space(model, cluster, o):
         try:
             check_structure(s, model)
@@ -134,21 +159,22 @@ def _brute_force(model, cluster, o):
         n_all += 1
         groups = s.stage_node_groups or (cluster.node_groups[0].name,) * s.pp
         if s.recompute_num_layers is None:
-            _assert_bounds(bounds, cluster, s, s, e)
+            _assert_bounds(bounds, cluster, s, s, e, budget=o.budget)
         else:   # a block-recompute child: bounded on the plain costs plus its recompute
             plain = s.with_(recompute="none", recompute_num_layers=None)
-            _assert_bounds(bounds, cluster, s, plain, e, bounds.recompute_extra(s, groups))
+            _assert_bounds(bounds, cluster, s, plain, e, bounds.recompute_extra(s, groups), o.budget)
+        _assert_peak_bounds(model, cluster, s, e, o.uneven_chunks, o.budget)
         if e.fits:
-            _assert_family_screen_passes(model, cluster, s, o.uneven_chunks)
             n_fit += 1
+            fitting.append(e)
             if best is None or e.step_time_s < best.step_time_s:
                 best = e
-    return best, n_fit, n_all
+    return best, n_fit, n_all, fitting
 
 
 def _assert_counts_add_up(r):
     assert r.invalid == 0
-    assert r.candidates == r.pruned_memory + r.pruned_bound + r.priced, r
+    assert r.candidates == r.pruned_memory + r.pruned_bound + r.pruned_dominated + r.priced, r
 
 
 @pytest.mark.parametrize("cluster,uneven", [(HOMOGENEOUS, False), (SMALL_MEMORY, False), (MIXED, False),
@@ -156,7 +182,7 @@ def _assert_counts_add_up(r):
                          ids=["h100", "a100-40g", "h100+a100", "h100-uneven-chunks", "h100+a100-uneven-chunks"])
 def test_top_plan_is_the_brute_force_optimum(cluster, uneven):
     o = replace(OPTIONS, uneven_chunks=uneven)
-    best, n_fit, n_all = _brute_force(MODEL, cluster, o)
+    best, n_fit, n_all, _ = _brute_force(MODEL, cluster, o)
     assert n_all > 1000 and 0 < n_fit < n_all   # not trivial: memory rules some out
     r = search(MODEL, cluster, o)
     top = r.plans[0]
@@ -181,7 +207,7 @@ def test_moe_parallel_folding_against_brute_force():
     space = list(enumerate_space(MOE, HOMOGENEOUS, o))
     assert any(etp not in (1, tp) for tp, _, _, _, _, etp in space)     # expert-TP beyond {1, tp}
     assert any(ep > dp for _, _, _, dp, ep, _ in space)                 # EP folded over TP ranks
-    best, n_fit, n_all = _brute_force(MOE, HOMOGENEOUS, o)
+    best, n_fit, n_all, _ = _brute_force(MOE, HOMOGENEOUS, o)
     assert 0 < n_fit < n_all
     r = search(MOE, HOMOGENEOUS, o)
     assert r.plans[0].step_time_s == pytest.approx(best.step_time_s, rel=1e-9), (r.plans[0].strategy, best.strategy)
@@ -294,3 +320,204 @@ def test_returned_plans_fit_and_emit_launches_megatron_accepts(model_name, clust
         assert megatron_violations(launch, model) == []
     if not r.plans:
         assert r.closest is None or not r.closest.fits
+
+
+# ---- distinct top K --------------------------------------------------------------------------
+# Two identical sites of one 4-GPU node joined by a slow link: every stage order has a mirror
+# image (site a then b is b then a) that the cost model prices alike.
+TWO_SITE = cluster_from_dict({
+    "name": "two-site", "node_groups": [_group("site-a", "h100-sxm-80g", 1, 400),
+                                        _group("site-b", "h100-sxm-80g", 1, 400)],
+    "interconnect": [{"between": ["site-a", "site-b"], "bandwidth": "100 Gb/s", "latency": "1 ms"}]}, "test")
+
+
+def _point(e):
+    """The figures a user compares plans on: step time, peak GiB per GPU as the table prints
+    it, GPUs used."""
+    return (e.step_time_s, round(max(m.total for m in e.memory) / 2**30, 1), e.strategy.world_size)
+
+
+def _plans_of_space(fitting):
+    """The search's plans, from brute force: each candidate (a strategy up to its layer split;
+    block recompute up to its k) at its fastest fitting split or k."""
+    best = {}
+    for e in fitting:
+        s = e.strategy
+        key = (s.with_(layers_per_stage=None, chunk_layers=None, recompute_num_layers=None),
+               s.recompute_num_layers is not None)
+        if key not in best or e.step_time_s < best[key].step_time_s:
+            best[key] = e
+    return list(best.values())
+
+
+def _front(points):
+    """The points no other point is at least as good as on every figure (equal points: one)."""
+    pts = sorted(set(points))
+    return [p for p in pts if not any(q != p and all(a <= b for a, b in zip(q, p)) for q in pts)]
+
+
+def _flat(points):
+    return [x for p in points for x in p]
+
+
+@pytest.mark.parametrize("cluster", [HOMOGENEOUS, MIXED, TWO_SITE], ids=["h100", "h100+a100", "two-site"])
+def test_top_k_is_the_brute_force_front(cluster):
+    """The top K (K = 3) are the K best plans no plan of the space dominates, and with
+    keep_dominated (--all) the K best distinct plans: exact under the cost model, against every
+    strategy and split of the space."""
+    o = replace(OPTIONS, top=3)
+    _, _, _, fitting = _brute_force(MODEL, cluster, o)
+    points = [_point(e) for e in _plans_of_space(fitting)]
+    front = _front(points)
+    assert len(front) >= 3 and len(front) < len(set(points))   # dominance removes plans here
+    r = search(MODEL, cluster, o)
+    assert _flat(_point(e) for e in r.plans) == pytest.approx(_flat(front[:3]), rel=1e-9)
+    assert r.status == "optimal"
+    _assert_counts_add_up(r)
+    every = search(MODEL, cluster, replace(o, keep_dominated=True))
+    assert [e.step_time_s for e in every.plans] == pytest.approx(sorted(p[0] for p in points)[:3], rel=1e-9)
+    assert len({e.strategy for e in every.plans}) == 3
+    _assert_counts_add_up(every)
+
+
+def _swap_sites(groups):
+    return tuple({"site-a": "site-b", "site-b": "site-a"}[g] for g in groups)
+
+
+def test_mirror_stage_orders_on_two_identical_sites_are_one_plan(monkeypatch):
+    """On two identical sites a plan and its mirror image (the sites swapped) cost the same to
+    the last byte and second, so the space keeps one of them: the top plans are all distinct,
+    none the image of another, and the full set of orders holds each image the kept one
+    stands for."""
+    import planner.search.planner as P
+
+    r = search(MODEL, TWO_SITE, replace(OPTIONS, top=4, keep_dominated=True))
+    assert len(r.plans) == 4
+    keys = set()
+    for e in r.plans:
+        s = e.strategy
+        if s.stage_node_groups is None or len(set(s.stage_node_groups)) == 1:
+            mirror = s.with_(stage_node_groups=_swap_sites(s.stage_node_groups)) if s.stage_node_groups else s
+        else:
+            mirror = s.with_(stage_node_groups=_swap_sites(s.stage_node_groups))
+        m = estimate(MODEL, TWO_SITE, mirror)
+        assert m.step_time_s == e.step_time_s
+        assert [x.total for x in m.memory] == [x.total for x in e.memory]
+        keys.add((s.with_(stage_node_groups=None), frozenset({s.stage_node_groups, mirror.stage_node_groups})))
+    assert len(keys) == 4   # no plan is the mirror image of another
+    # the space without the symmetry holds both images; with it, one
+    full = {}
+    monkeypatch.setattr(P, "distinct_orders", lambda cluster, layouts: layouts)
+    full = stage_layouts(TWO_SITE, 4, 2)
+    monkeypatch.undo()
+    kept = stage_layouts(TWO_SITE, 4, 2)
+    orders = lambda lay: sorted(g for v in lay.values() for g in v)
+    assert orders(full) == [("site-a", "site-b"), ("site-b", "site-a")]
+    assert orders(kept) == [("site-a", "site-b")]
+
+
+def test_groups_are_interchangeable_only_when_everything_a_plan_sees_agrees():
+    """A different NIC, price, node count or link to the other used group makes two groups
+    distinct; a link to a group the plan does not use does not."""
+    from planner.search.planner import distinct_orders, order_key
+
+    base = _group("x", "h100-sxm-80g", 1, 400)
+    for change in ({"nic_bandwidth": "200 Gb/s"}, {"price_per_gpu_hour": 3.0}, {"nodes": 2}):
+        c = cluster_from_dict({"name": "c", "node_groups": [base, {**base, "name": "y", **change}]}, "test")
+        lay = {(1, 1): [("x", "y"), ("y", "x")]}
+        assert distinct_orders(c, lay) == lay, change
+    three = cluster_from_dict({
+        "name": "c3", "node_groups": [base, {**base, "name": "y"}, {**base, "name": "z"}],
+        "interconnect": [{"between": ["x", "y"], "bandwidth": "400 Gb/s"}, {"between": ["y", "z"], "bandwidth": "100 Gb/s"}]},
+        "test")
+    assert order_key(three, ("x", "y")) == order_key(three, ("y", "x"))       # the fast pair, either way
+    assert order_key(three, ("x", "y")) != order_key(three, ("y", "z"))       # the slow pair differs
+    assert order_key(three, ("x", "x")) == order_key(three, ("z", "z"))       # one group alone
+
+
+@pytest.mark.parametrize("budget,expect", [({"gpus": 4}, {4}), ({"max_gpus": 7}, {4}),
+                                           ({"min_gpu_fraction": 0.0}, {4, 8}), ({}, {8})])
+def test_gpu_budget_bounds_the_space(budget, expect):
+    """--gpus N: exactly N GPUs; --max-gpus N: at most N (and more than the minimum fraction of
+    N); --min-gpu-fraction 0: any size. On 2 nodes of 4 GPUs, with stages on whole nodes, the
+    space holds exactly the world sizes the budget allows, and the top plan is the brute-force
+    optimum of that space."""
+    o = replace(OPTIONS, **budget)
+    sizes = {tp * cp * pp * dp for tp, cp, pp, dp, _, _ in enumerate_space(SMALL, HOMOGENEOUS, o)
+             if stage_layouts(HOMOGENEOUS, tp * cp * dp, pp, o.budget)}
+    assert sizes == expect
+    r = search(SMALL, HOMOGENEOUS, o)
+    assert {e.strategy.world_size for e in r.plans} <= expect
+    best = min((e for e in _brute_force_run(SMALL, HOMOGENEOUS, o)[3]), key=lambda e: e.step_time_s)
+    assert r.plans[0].step_time_s == pytest.approx(best.step_time_s, rel=1e-9)
+
+
+# ---- the cost objective --------------------------------------------------------------------
+# MIXED with prices: H100 at $4 and A100 at $2 per GPU-hour (2024-25 cloud list prices are of
+# this order; only their ratio matters here).
+PRICES = {"h100": 4.0, "a100": 2.0}
+PRICED_MIXED = cluster_from_dict({
+    "name": "mixed-2x4-priced",
+    "node_groups": [{**_group(g["name"], g["gpu"], 1, g["nic"]), "price_per_gpu_hour": PRICES[g["name"]]}
+                    for g in ({"name": "h100", "gpu": "h100-sxm-80g", "nic": 400},
+                              {"name": "a100", "gpu": "a100-sxm-40g", "nic": 200})],
+    "interconnect": [{"between": ["h100", "a100"], "bandwidth": "100 Gb/s", "latency": "20 us"}]}, "test")
+
+
+def _usd_per_step(e, charge_idle=False):
+    """Dollars a step: the GPUs on each node group (every stage of a search plan sits on one)
+    at its price, or every GPU of the cluster."""
+    s = e.strategy
+    if charge_idle:
+        return sum(PRICES[g] * 4 for g in PRICES) * e.step_time_s / 3600
+    return sum(PRICES[g] * s.gpus_per_stage for g in s.stage_node_groups) * e.step_time_s / 3600
+
+
+def test_cheapest_plan_differs_from_the_fastest_and_both_are_exact():
+    """On a priced heterogeneous cluster the fastest plan runs on both node groups, while the
+    cheapest per token leaves the A100s idle (they add less speed than they cost). Under
+    --objective cost the top K are the K cheapest plans that no plan dominates on step time,
+    memory, GPUs and dollars, against brute force (the estimates of the unpriced cluster: a
+    price changes no time); with --charge-idle the whole cluster is paid for, so cost ranks as
+    step time."""
+    o = replace(OPTIONS, top=3)
+    _, _, _, fitting = _brute_force(MODEL, MIXED, o)
+    plans = _plans_of_space(fitting)
+    points = [_point(e) + (_usd_per_step(e),) for e in plans]
+    by_cost = sorted(_front(points), key=lambda p: (p[3],) + p[:3])
+    fast = search(MODEL, PRICED_MIXED, o)
+    cheap = search(MODEL, PRICED_MIXED, replace(o, objective="cost"))
+    got = [_point(e) + (_usd_per_step(e),) for e in cheap.plans]
+    assert _flat(got) == pytest.approx(_flat(by_cost[:3]), rel=1e-9)
+    f, c = fast.plans[0], cheap.plans[0]
+    assert set(f.stage_groups) == {"h100", "a100"} and set(c.stage_groups) == {"h100"}
+    assert c.step_time_s > f.step_time_s and _usd_per_step(c) < _usd_per_step(f)
+    fig = cheap.plan_figures[0]
+    assert fig.gpus_used == 4 and fig.gpus_idle == 4
+    assert fig.usd_per_million_tokens == pytest.approx(
+        _usd_per_step(c) / (o.global_batch_size * o.seq_length) * 1e6, rel=1e-12)
+    _assert_counts_add_up(cheap)
+    whole = search(MODEL, PRICED_MIXED, replace(o, objective="cost", charge_idle=True))
+    assert whole.plans[0].step_time_s == f.step_time_s
+    assert whole.plan_figures[0].usd_per_million_tokens == pytest.approx(
+        _usd_per_step(f, charge_idle=True) / (o.global_batch_size * o.seq_length) * 1e6, rel=1e-12)
+
+
+def test_the_k_th_best_can_rise_and_the_top_k_stays_exact():
+    """A new plan that dominates two of the K best lowers their count: the K-th best objective
+    rises (which is why the search defers, not drops, what lies above it)."""
+    from types import SimpleNamespace
+
+    from planner.search.planner import _Plans
+
+    plans = _Plans(replace(OPTIONS, top=3))
+
+    def fig(step, gib, gpus):
+        return SimpleNamespace(objective=lambda _: step, point=(step, gib, gpus, 0.0))
+
+    for step, gib in ((1.0, 60.0), (2.0, 50.0), (3.0, 40.0), (4.0, 30.0)):
+        plans.add(SimpleNamespace(step=step), fig(step, gib, 8))
+    assert plans.kth() == 3.0
+    plans.add(SimpleNamespace(step=1.5), fig(1.5, 35.0, 8))   # dominates the plans of 2 s and 3 s
+    assert [x[0] for x in plans.items] == [1.0, 1.5, 4.0] and plans.kth() == 4.0
+    assert plans.dominate(5.0, 8, 0.0, 35 * 2**30) and not plans.dominate(5.0, 4, 0.0, 35 * 2**30)

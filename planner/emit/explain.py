@@ -79,8 +79,15 @@ def strategy_line(e: Estimate) -> str:
             f"recompute={s.recompute_label} zero={s.zero_stage} {s.schedule}")
 
 
-def render_explain(e: Estimate, console) -> None:
+def render_explain(e: Estimate, console, charge_idle: bool = False) -> None:
     from rich.table import Table
+
+    from ..search.objective import figures
+    from .plans import gpu_use_line
+    fig = figures(e, charge_idle=charge_idle)
+    usd = "" if fig.usd_per_hour is None else (f"; ${fig.usd_per_hour:,.2f} an hour, "
+                                               f"${fig.usd_per_million_tokens:.3f} per million tokens")
+    console.print(gpu_use_line(fig) + usd, markup=False)
 
     t = Table(title="Memory per GPU by stage against usable capacity "
                     "(P params, G grads, O optimizer, A activations, B buffers; | = capacity)")

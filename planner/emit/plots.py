@@ -2,7 +2,9 @@
 - timeline.png: the pipeline schedule of one step, stages x time, F/B/W blocks per micro-batch;
 - memory.png: per-stage memory by state against the usable capacity;
 - candidates.png (plan only): step throughput vs peak memory of every priced candidate, with
-  the Pareto front (no other candidate is both faster and lighter)."""
+  the Pareto front (no other candidate is both faster and lighter);
+- sweep.png (sweep): tokens/s of each option's best plan against its GPUs, one line per
+  cluster with its ideal linear scaling, and $ per million tokens (or MFU) beside it."""
 
 from __future__ import annotations
 
@@ -108,6 +110,55 @@ def candidates(estimates: list[Estimate], path: Path) -> Path:
     ax.set_ylabel("tokens/s")
     ax.set_title(f"{len(estimates)} priced candidates (the bound pruned the rest)")
     ax.legend(fontsize=8)
+    return _save(fig, plt, path)
+
+
+def scaling(outcomes, path: Path, title: str) -> Path:
+    """The sweep's picture: per cluster, tokens/s against GPUs used (log-log, with the ideal
+    linear scaling from its smallest option dashed), and $ per million tokens where priced,
+    else MFU, against the same GPUs. Options without a plan are left out (the table says why)."""
+    plt = _pyplot()
+    lines: dict = {}
+    for x in outcomes:
+        if x.plan is not None:
+            lines.setdefault(x.option.base, []).append(x)
+    priced = any(x.figures.usd_per_million_tokens is not None for xs in lines.values() for x in xs)
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(12, 4.8))
+    for k, (name, xs) in enumerate(lines.items()):
+        xs = sorted(xs, key=lambda x: x.figures.gpus_used)
+        color = f"C{k % 10}"
+        g = [x.figures.gpus_used for x in xs]
+        tps = [x.plan.tokens_per_s for x in xs]
+        ax.plot(g, tps, marker="o", color=color, label=name)
+        ax.plot([g[0], g[-1]], [tps[0], tps[0] * g[-1] / g[0]], linestyle="--", linewidth=0.8, color=color,
+                label=f"{name}: linear from {g[0]} GPUs")
+        for gi, ti, x in zip(g, tps, xs):
+            ax.annotate(f"tp{x.plan.strategy.tp} pp{x.plan.strategy.pp}", (gi, ti), textcoords="offset points",
+                        xytext=(4, -10), fontsize=6, color=color)
+        if priced:
+            usd = [(gi, x.figures.usd_per_million_tokens) for gi, x in zip(g, xs)
+                   if x.figures.usd_per_million_tokens is not None]
+            if usd:
+                ax2.plot([u[0] for u in usd], [u[1] for u in usd], marker="o", color=color, label=name)
+        else:
+            ax2.plot(g, [x.plan.mfu * 100 for x in xs], marker="o", color=color, label=name)
+    from matplotlib.ticker import FixedLocator, NullLocator
+    ticks = sorted({x.figures.gpus_used for xs in lines.values() for x in xs})
+    for a in (ax, ax2):
+        a.set_xscale("log", base=2)
+        a.xaxis.set_major_locator(FixedLocator(ticks))
+        a.xaxis.set_minor_locator(NullLocator())
+        a.set_xticklabels([f"{t:,}" for t in ticks], fontsize=8)
+        a.set_xlabel("GPUs used by the best plan")
+        a.grid(True, which="both", linewidth=0.3)
+    ax.set_yscale("log")
+    ax.set_ylabel("tokens/s")
+    ax.set_title("throughput", fontsize=10)
+    ax.legend(fontsize=7)
+    ax2.set_ylabel("$ per million tokens" if priced else "MFU, %")
+    ax2.set_title("cost per token" if priced else "model FLOPs utilisation", fontsize=10)
+    ax2.legend(fontsize=7)
+    fig.suptitle(title, fontsize=11)
     return _save(fig, plt, path)
 
 

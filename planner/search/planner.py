@@ -26,6 +26,8 @@ from ..cost.memory import (allocatable_bytes, gradient_comm_bytes, layer_memory_
                            one_layer_params, param_gather_bytes,
                            stage_fixed_bytes_lower_bound, stage_memory)
 from ..placement import data_collectives, placement_of
+from .objective import (MIN_GPU_FRACTION, GpuBudget, check_objective, dominates, figures, memory_figure,
+                        usd_per_hour, usd_per_million_tokens)
 from .partition import PartitionProblem, partition_dp, partition_ilp
 
 # The space searched. These bound it; the top plan is the optimum of this space under the cost
@@ -42,10 +44,12 @@ VPP_CHOICES = (1, 2, 3, 4, 5, 6, 8)
 CP_MIN_SEQ_LENGTH = 8192
 CP_FULL_RANGE_SEQ_LENGTH = 16384
 CP_SHORT_MAX = 2
-# Plans use more than this fraction of the GPUs of the node groups they run on (a plan on fewer
-# leaves the rest idle). On a heterogeneous cluster whole node groups may stay idle: a plan on
-# the fast GPUs alone is in the space, so the search says when the slow ones cannot help.
-MIN_GPU_FRACTION = 0.5
+# The GPU budget (objective.GpuBudget, MIN_GPU_FRACTION the default of --min-gpu-fraction):
+# plans use more than a fraction of the GPUs available to them. On a heterogeneous cluster
+# whole node groups may stay idle: a plan on the fast GPUs alone is in the space, so the search
+# says when the slow ones cannot help.
+# Seconds between two calls of the progress callback (the live line on a terminal).
+PROGRESS_INTERVAL_S = 0.1
 
 
 @dataclass(frozen=True)
@@ -70,6 +74,23 @@ class SearchOptions:
     # Off by default until the launch emitter, the launch reader and plan JSON carry
     # Strategy.chunk_layers (they write and read per-rank counts only).
     uneven_chunks: bool = False
+    # GPU budget: exactly `gpus` of the cluster's GPUs, or at most `max_gpus`; plans use more
+    # than min_gpu_fraction of the GPUs available to them (not applied with `gpus`)
+    gpus: int | None = None
+    max_gpus: int | None = None
+    min_gpu_fraction: float = MIN_GPU_FRACTION
+    # what plans are ranked by (objective.OBJECTIVES); cost charges the GPUs a plan uses, or
+    # every GPU of the cluster with charge_idle
+    objective: str = "throughput"
+    charge_idle: bool = False
+    # keep plans another plan dominates on every reported figure (step time, peak memory per
+    # GPU, GPUs used, and $ when priced); plans equal up to a symmetry of the cluster are one
+    # plan either way
+    keep_dominated: bool = False
+
+    @property
+    def budget(self) -> "GpuBudget":
+        return GpuBudget(self.gpus, self.max_gpus, self.min_gpu_fraction)
 
 
 @dataclass
@@ -88,6 +109,29 @@ class SearchResult:
     closest: Estimate | None = None
     idle_groups: list = field(default_factory=list)
     priced_estimates: list = field(default_factory=list)   # every estimate made (for the scatter plot)
+    pruned_dominated: int = 0     # candidates whose every plan a found plan dominates
+    hidden_dominated: int = 0     # priced plans within the top K's range that were dominated
+    objective: str = "throughput"
+    plan_figures: list = field(default_factory=list)       # objective.Figures of each plan
+
+
+@dataclass(frozen=True)
+class SearchProgress:
+    """What the search has done so far (the progress callback's argument)."""
+    candidates: int              # in the space
+    reached: int                 # candidates built and screened
+    priced: int
+    best: float | None           # objective of the best plan so far (seconds, or $ per M tokens)
+    best_step_s: float | None
+    bound: float | None          # the lowest bound still queued: no unpriced plan is better
+    seconds: float
+
+    @property
+    def gap(self) -> float | None:
+        """How much better than the best so far an unpriced plan could still be (fraction)."""
+        if self.best is None or self.bound is None:
+            return None
+        return max(0.0, (self.best - self.bound) / self.best) if self.best > 0 else 0.0
 
 
 def _divisors(n: int) -> list[int]:
@@ -103,14 +147,16 @@ def _pow2_upto(n: int) -> list[int]:
     return out
 
 
-def stage_layouts(cluster: ClusterSpec, per_stage: int, pp: int) -> dict[tuple[int, ...], list[tuple[str, ...]]]:
+def stage_layouts(cluster: ClusterSpec, per_stage: int, pp: int,
+                  budget: GpuBudget = GpuBudget()) -> dict[tuple[int, ...], list[tuple[str, ...]]]:
     """Ways to put pp stages of `per_stage` GPUs on node groups, keyed by how many stages each
     group hosts. Stages of one group are contiguous, groups come in every order (the first
     stages hold the most activations). Each group used hosts as many stages as it can hold,
     except at most one partly used group (leaving GPUs of two groups idle at once is never
     needed to use the fast ones fully, and it keeps the space small on many-group clusters),
-    each group's stages fill whole nodes, and the stages use more than MIN_GPU_FRACTION of the
-    used groups' GPUs."""
+    each group's stages fill whole nodes, and the GPU budget allows the stages' GPUs on the
+    used groups. Of orders that a symmetry of the cluster maps onto each other (interchangeable
+    node groups, distinct_orders) only the first is kept: they are one plan."""
     groups = cluster.node_groups
     caps = []
     for g in groups:
@@ -129,7 +175,7 @@ def stage_layouts(cluster: ClusterSpec, per_stage: int, pp: int) -> dict[tuple[i
             # each group's stages fill whole nodes (torchrun starts the same number of ranks on
             # every node; a node cannot host stages of two groups)
             whole = all(counts[i] * per_stage % groups[i].gpus_per_node == 0 for i in idx)
-            if whole and 1 <= counts[partial] <= caps[partial] and pp * per_stage > MIN_GPU_FRACTION * used_gpus:
+            if whole and 1 <= counts[partial] <= caps[partial] and budget.allows(pp * per_stage, used_gpus):
                 counts_set.add(tuple(counts))
     out = {}
     for counts in sorted(counts_set):
@@ -141,7 +187,51 @@ def stage_layouts(cluster: ClusterSpec, per_stage: int, pp: int) -> dict[tuple[i
                 seq += [groups[i].name] * counts[i]
             seqs.add(tuple(seq))
         out[counts] = sorted(seqs)
-    return out
+    return distinct_orders(cluster, out)
+
+
+def _group_signature(g) -> object:
+    """A node group without its name (and its profile without name and provenance): groups
+    with equal signatures price every stage alike."""
+    return replace(g, name="", gpu=replace(g.gpu, name="", source="", uncertain=()))
+
+
+def order_key(cluster: ClusterSpec, seq: tuple[str, ...]) -> tuple:
+    """The stage order up to a renaming of node groups: groups labelled by first appearance,
+    with each label's group signature and the interconnect between every two labels. Orders
+    with equal keys are priced alike by the cost model, which sees a group only through its
+    fields and the links between the groups a plan uses (cost/comm.py), and so are one plan:
+    on two identical sites, sites a then b is b then a."""
+    label: dict = {}
+    for name in seq:
+        label.setdefault(name, len(label))
+    names = list(label)
+    links = []
+    for i in range(len(names)):
+        for j in range(i + 1, len(names)):
+            ic = cluster.interconnect(names[i], names[j])
+            links.append(None if ic is None else (ic.bandwidth_bytes_per_s, ic.latency_s))
+    return (tuple(label[n] for n in seq), tuple(_group_signature(cluster.group(n)) for n in names), tuple(links))
+
+
+def distinct_orders(cluster: ClusterSpec, layouts: dict) -> dict:
+    """layouts with one stage order of each symmetry class (order_key), the first in the order
+    of the node groups as listed (most stages on the first group)."""
+    sigs = [_group_signature(g) for g in cluster.node_groups]
+    if len(set(sigs)) == len(sigs):
+        return layouts   # no two groups are interchangeable
+    seen: set = set()
+    keep: dict = {}
+    for counts in sorted(layouts, reverse=True):
+        kept = []
+        for seq in layouts[counts]:
+            key = order_key(cluster, seq)
+            if key not in seen:
+                seen.add(key)
+                kept.append(seq)
+        if kept:
+            keep[counts] = kept
+    return {c: keep[c] for c in layouts if c in keep}
 
 
 def enumerate_space(model: ModelSpec, cluster: ClusterSpec, o: SearchOptions):
@@ -167,15 +257,20 @@ def enumerate_space(model: ModelSpec, cluster: ClusterSpec, o: SearchOptions):
         if key in fixed:
             vals[:] = [fixed[key]]
     batch_divisors = _divisors(o.global_batch_size)
+    budget = o.budget
+    # a plan's world size, as the budget allows it on some set of node groups (the smallest
+    # group alone is the least any plan has available); stage_layouts applies the exact rule
+    lo = budget.min_fraction * budget.cap(n_min) if budget.gpus is None else budget.gpus - 1
+    hi = budget.cap(N) if budget.gpus is None else budget.gpus
     for tp in tps:
         for cp in cps:
             if tp > 1 and o.seq_length % (cp * tp):
                 continue   # sequence parallelism (on whenever tp > 1) would break: check_structure
             for pp in pps:
                 base = tp * cp * pp
-                if base > N:
+                if base > hi:
                     break
-                dps = [d for d in batch_divisors if base * d <= N and base * d > MIN_GPU_FRACTION * n_min]
+                dps = [d for d in batch_divisors if lo < base * d <= hi]
                 if "dp" in fixed:
                     dps = [fixed["dp"]]
                 for dp in dps:
@@ -780,7 +875,7 @@ def _initial_split(model: ModelSpec, cluster: ClusterSpec, s: Strategy, groups: 
 
 
 # heap entry kinds
-_FAMILY, _CELL, _CAND, _REQUEUED, _BLOCK = 0, 1, 2, 3, 4
+_FAMILY, _CELL, _CAND, _REQUEUED, _BLOCK, _DEFERRED = 0, 1, 2, 3, 4, 5
 
 
 @dataclass
@@ -792,6 +887,7 @@ class _Family:
     vpps: tuple[int, ...]
     layouts: dict                  # stage counts per group -> stage orders
     count: int                     # candidates it stands for
+    peak_lb: float = 0.0           # peak bytes per GPU no candidate of it goes below
 
 
 @dataclass
@@ -799,42 +895,88 @@ class _Cell:
     family: _Family
     orders: tuple
     count: int
+    step_lb: float                 # seconds no candidate of the cell beats
+    usd_hour: float | None         # USD an hour of the GPUs its candidates are charged for
 
 
-def search(model: ModelSpec, cluster: ClusterSpec, o: SearchOptions, progress=None) -> SearchResult:
-    t0 = time.perf_counter()
-    if model.position_embedding_type == "learned_absolute" and o.seq_length > model.max_position_embeddings:
-        raise PlannerError(f"--seq-length {o.seq_length} exceeds the learned position table of {model.name} "
-                           f"(max_position_embeddings {model.max_position_embeddings}); no plan can run it")
+def _entry_count(kind: int, payload) -> int:
+    """Candidates a queued entry stands for."""
+    if kind == _FAMILY:
+        return payload[6]
+    if kind == _CELL:
+        return payload.count
+    if kind == _DEFERRED:
+        return sum(n for _, _, _, n in payload)
+    return 1
+
+
+class _Plans:
+    """The plans found so far: with `keep_dominated`, the best distinct ones; else the front of
+    those no other found plan dominates (objective.dominates on Figures.point). `kth` is the
+    K-th best objective among them: no plan worse than it can enter the top K. It may rise when
+    a new plan dominates several (which is why entries above it are deferred, not dropped)."""
+
+    def __init__(self, o: SearchOptions):
+        self.o = o
+        self.top = max(o.top, 1)
+        self.items: list = []         # (objective, point, order, Estimate, Figures), best first
+        self.dominated_objs: list = []
+        self._order = itertools.count()
+
+    def kth(self) -> float:
+        return self.items[self.top - 1][0] if len(self.items) >= self.top else float("inf")
+
+    def best(self):
+        return self.items[0] if self.items else None
+
+    def add(self, e: Estimate, fig) -> None:
+        obj, pt = fig.objective(self.o.objective), fig.point
+        item = (obj, pt, next(self._order), e, fig)
+        if self.o.keep_dominated:
+            self.items.append(item)
+            self.items.sort(key=lambda x: x[:3])
+            del self.items[self.top:]
+            return
+        if any(dominates(x[1], pt) for x in self.items):
+            self.dominated_objs.append(obj)
+            return
+        self.dominated_objs.extend(x[0] for x in self.items if dominates(pt, x[1]))
+        self.items = [x for x in self.items if not dominates(pt, x[1])] + [item]
+        self.items.sort(key=lambda x: x[:3])
+
+    def dominate(self, step_lb: float, gpus: int, usd_step_lb: float, peak_lb) -> bool:
+        """Whether a found plan dominates every plan of an entry whose plans take at least
+        step_lb seconds, exactly `gpus` GPUs, at least usd_step_lb dollars a step and at least
+        peak_lb bytes on some GPU (peak_lb may be a function: it is called only when a found
+        plan already matches the other figures)."""
+        if self.o.keep_dominated:
+            return False
+        near = [x[1] for x in self.items if x[1][0] <= step_lb and x[1][2] <= gpus and x[1][3] <= usd_step_lb]
+        if not near:
+            return False
+        peak = memory_figure(peak_lb() if callable(peak_lb) else peak_lb)
+        return any(p[1] <= peak for p in near)
+
+
+def _zero_options(o: SearchOptions) -> list[int]:
     fixed = dict(o.fixed)
-    res = SearchResult(plans=[], solver=o.solver)
-    bounds = _Bounds(model, cluster)
+    return [fixed["zero"]] if "zero" in fixed else list(o.zero_stages)
+
+
+def _family_specs(model: ModelSpec, cluster: ClusterSpec, o: SearchOptions, layouts_of):
+    """Every family of the space: (tp, cp, pp, dp, ep, etp, mbs, micro-batches, recompute,
+    block, vpps, candidates). `layouts_of(per_stage, pp)` gives the stage orders a pipeline of
+    that shape has under o's GPU budget (0: none)."""
+    fixed = dict(o.fixed)
     L = model.num_layers
     mbs_opts = [fixed["mbs"]] if "mbs" in fixed else list(MICRO_BATCHES)
     rec_opts = [fixed["recompute"]] if "recompute" in fixed else list(o.recompute)
-    zero_opts = [fixed["zero"]] if "zero" in fixed else list(o.zero_stages)
+    n_zero = len(_zero_options(o))
     vpp_opts = [fixed["vpp"]] if "vpp" in fixed else list(VPP_CHOICES)
     block_ok = "full" in rec_opts and o.partial_recompute and "recompute" not in fixed
-    heap: list = []   # (bound, tie, kind, payload)
-    tie = itertools.count()
-    interned: dict = {}
-    layouts_cache: dict = {}
-    found: list[Estimate] = []
-
-    def kth_best() -> float:
-        return found[o.top - 1].step_time_s if len(found) >= o.top else float("inf")
-
-    # 1. families: degrees x micro-batch x recompute, bounded over all their stage placements.
-    # A family is a tuple until it is reached; its Strategy is built from its time class's.
-    classes: dict = {}
     for tp, cp, pp, dp, ep, etp in enumerate_space(model, cluster, o):
-        per = tp * cp * dp
-        lkey = (per, pp)
-        if lkey not in layouts_cache:
-            lay = stage_layouts(cluster, per, pp)
-            layouts_cache[lkey] = (lay, sum(len(v) for v in lay.values()), bounds.stage_caps(per, pp, lay))
-        layouts, n_orders, caps = layouts_cache[lkey]
-        if not layouts:
+        n_orders = layouts_of(tp * cp * dp, pp)
+        if not n_orders:
             continue
         for mbs in mbs_opts:
             if o.global_batch_size % (mbs * dp):
@@ -848,68 +990,183 @@ def search(model: ModelSpec, cluster: ClusterSpec, o: SearchOptions, progress=No
                 # a block family is bounded as if nothing were recomputed (its candidates add the
                 # recompute of their k layers per chunk); its chunks stay even
                 vh = tuple(v for v in vpps if L % v == 0 and L // pp // v >= 2) if block else tuple(vpps)
-                count = n_orders * len(vh) * len(zero_opts)
-                if count == 0:
-                    continue
-                ckey = (tp, cp, ep, etp, mbs, "none" if block else rec)
-                cls = classes.get(ckey)
-                if cls is None:
-                    ts = Strategy(tp=tp, cp=cp, ep=ep, etp=etp, micro_batch_size=mbs,
-                                  global_batch_size=o.global_batch_size, seq_length=o.seq_length,
-                                  recompute=ckey[5], sequence_parallel=tp > 1, precision=o.precision,
-                                  overlap_grad_reduce=True)
-                    cls = classes[ckey] = (ts, _time_key(ts))
-                res.candidates += count
-                lb = bounds.family(cls[0], cls[1], pp, m, per, caps, max(vh))
-                heapq.heappush(heap, (lb, next(tie), _FAMILY, (cls, pp, dp, block, vh, lkey, count)))
+                count = n_orders * len(vh) * n_zero
+                if count:
+                    yield tp, cp, pp, dp, ep, etp, mbs, m, rec, block, vh, count
+
+
+def space_worlds(model: ModelSpec, cluster: ClusterSpec, o: SearchOptions) -> dict[int, int]:
+    """World size -> candidates of that size in the space (empty: no plan can be built)."""
+    cache: dict = {}
+
+    def layouts_of(per, pp):
+        if (per, pp) not in cache:
+            cache[per, pp] = sum(len(v) for v in stage_layouts(cluster, per, pp, o.budget).values())
+        return cache[per, pp]
+
+    out: dict = {}
+    for tp, cp, pp, dp, *_, count in _family_specs(model, cluster, o, layouts_of):
+        out[tp * cp * pp * dp] = out.get(tp * cp * pp * dp, 0) + count
+    return out
+
+
+def search(model: ModelSpec, cluster: ClusterSpec, o: SearchOptions, progress=None) -> SearchResult:
+    """The top o.top plans of the space under the cost model, best first by o.objective: with
+    o.keep_dominated the best distinct plans, else the best of those no plan of the space
+    dominates. `progress`, if given, is called with a SearchProgress every
+    PROGRESS_INTERVAL_S seconds."""
+    t0 = time.perf_counter()
+    if model.position_embedding_type == "learned_absolute" and o.seq_length > model.max_position_embeddings:
+        raise PlannerError(f"--seq-length {o.seq_length} exceeds the learned position table of {model.name} "
+                           f"(max_position_embeddings {model.max_position_embeddings}); no plan can run it")
+    check_objective(cluster, o.objective, o.charge_idle)
+    res = SearchResult(plans=[], solver=o.solver, objective=o.objective)
+    bounds = _Bounds(model, cluster)
+    zero_opts = _zero_options(o)
+    heap: list = []   # (objective bound, tie, kind, payload)
+    tie = itertools.count()
+    layouts_cache: dict = {}
+    plans = _Plans(o)
+    kth_best = plans.kth
+    tokens_per_step = o.global_batch_size * o.seq_length
+    priced_cluster = cluster.is_priced
+
+    def usd_hour(counts: tuple, per: int) -> float | None:
+        used = {g.name: c * per for g, c in zip(cluster.node_groups, counts)}
+        return usd_per_hour(cluster, used, o.charge_idle)
+
+    def objective_lb(step_lb: float, usd_h) -> float:
+        """A bound on the objective from a bound on step time and the GPUs charged: the cost
+        per token is the charged USD per hour times the step time over the tokens per step."""
+        if o.objective == "cost":
+            return usd_per_million_tokens(usd_h, step_lb, tokens_per_step)
+        return step_lb
+
+    def usd_step(step_lb: float, usd_h) -> float:
+        return usd_h * step_lb if priced_cluster and usd_h is not None else 0.0
+
+    def push_or_defer(items: list, deferred: list) -> None:
+        """Queue each (objective bound, kind, payload, count) that can still enter the top K;
+        keep the others as one deferred entry (the K-th best can rise, see _Plans)."""
+        kth = kth_best()
+        for it in items:
+            if it[0] <= kth:
+                heapq.heappush(heap, (it[0], next(tie), it[1], it[2]))
+            else:
+                deferred.append(it)
+
+    def defer(deferred: list) -> None:
+        if deferred:
+            heapq.heappush(heap, (min(it[0] for it in deferred), next(tie), _DEFERRED, deferred))
+
+    # 1. families: degrees x micro-batch x recompute, bounded over all their stage placements.
+    # A family is a tuple until it is reached; its Strategy is built from its time class's.
+    classes: dict = {}
+
+    def layouts_of(per: int, pp: int) -> int:
+        lkey = (per, pp)
+        if lkey not in layouts_cache:
+            lay = stage_layouts(cluster, per, pp, o.budget)
+            usd = {counts: usd_hour(counts, per) for counts in lay}
+            known = [u for u in usd.values() if u is not None]
+            layouts_cache[lkey] = (lay, sum(len(v) for v in lay.values()), bounds.stage_caps(per, pp, lay),
+                                   usd, min(known) if known and len(known) == len(usd) else None)
+        return layouts_cache[lkey][1]
+
+    for tp, cp, pp, dp, ep, etp, mbs, m, rec, block, vh, count in _family_specs(model, cluster, o, layouts_of):
+        per = tp * cp * dp
+        lkey = (per, pp)
+        _, _, caps, _, usd_min = layouts_cache[lkey]
+        ckey = (tp, cp, ep, etp, mbs, "none" if block else rec)
+        cls = classes.get(ckey)
+        if cls is None:
+            ts = Strategy(tp=tp, cp=cp, ep=ep, etp=etp, micro_batch_size=mbs,
+                          global_batch_size=o.global_batch_size, seq_length=o.seq_length,
+                          recompute=ckey[5], sequence_parallel=tp > 1, precision=o.precision,
+                          overlap_grad_reduce=True)
+            cls = classes[ckey] = (ts, _time_key(ts))
+        res.candidates += count
+        lb = bounds.family(cls[0], cls[1], pp, m, per, caps, max(vh))
+        heapq.heappush(heap, (objective_lb(lb, usd_min), next(tie), _FAMILY,
+                              (cls, pp, dp, block, vh, lkey, count, lb)))
     # 2. best first: families -> cells -> candidates -> priced plans, until the K-th best plan
-    # is no worse than every bound left
+    # is better than every bound left
     seen: set = set()
     closest = None
     done = 0
     screens: dict = {}
     unfit: list = []   # the first families memory ruled out, for the closest-plan report
+    last_report = t0
 
     while heap:
         lb, _, kind, payload = heap[0]
-        if lb >= kth_best():
+        kth = kth_best()
+        if lb > kth:
             break
-        if time.perf_counter() - t0 > o.time_limit_s:
+        now = time.perf_counter()
+        if now - t0 > o.time_limit_s:
             res.status = "time-limit"
             # nothing left in the queue can beat its lowest bound: the optimum is >= min(top, lb)
-            res.optimality_gap = (max(res.optimality_gap, (found[0].step_time_s - lb) / found[0].step_time_s, 0.0)
-                                  if found else 1.0)
+            best = plans.best()
+            res.optimality_gap = (max(res.optimality_gap, (best[0] - lb) / best[0] if best[0] > 0 else 0.0, 0.0)
+                                  if best else 1.0)
             _warn(res.warnings, f"search stopped at its {o.time_limit_s:g} s time limit; "
                                 f"the plans are the best of those priced")
             break
+        if progress is not None and now - last_report >= PROGRESS_INTERVAL_S:
+            last_report = now
+            best = plans.best()
+            progress(SearchProgress(candidates=res.candidates, reached=done, priced=res.priced,
+                                    best=best[0] if best else None, best_step_s=best[3].step_time_s if best else None,
+                                    bound=lb, seconds=now - t0))
         heapq.heappop(heap)
+        if kind == _DEFERRED:
+            # the K-th best rose since these were set aside: queue those that can now enter
+            deferred: list = []
+            push_or_defer(payload, deferred)
+            defer(deferred)
+            continue
         if kind == _FAMILY:
-            (ts, tk), pp, dp, block, vh, lkey, count = payload
-            fam = _Family(replace(ts, pp=pp, dp=dp), tk, block, vh, layouts_cache[lkey][0], count)
-            if not _family_may_fit(model, cluster, fam, zero_opts, o.uneven_chunks, screens):
+            (ts, tk), pp, dp, block, vh, lkey, count, step_lb = payload
+            layouts, _, _, usd, usd_min = layouts_cache[lkey]
+            fam = _Family(replace(ts, pp=pp, dp=dp), tk, block, vh, layouts, count)
+            may_fit, fam.peak_lb = _family_may_fit(model, cluster, fam, zero_opts, o.uneven_chunks, screens)
+            if not may_fit:
                 res.pruned_memory += fam.count
-                if not found and len(unfit) < _CLOSEST_FAMILIES:
+                if not plans.items and len(unfit) < _CLOSEST_FAMILIES:
                     unfit.append(fam)
                 continue
-            kth = kth_best()
+            if plans.dominate(step_lb, fam.base.world_size, usd_step(step_lb, usd_min), fam.peak_lb):
+                res.pruned_dominated += fam.count
+                continue
+            items = []
             for counts, orders in fam.layouts.items():
                 n = len(orders) * len(fam.vpps) * len(zero_opts)
                 cb = bounds.cell(fam.base, fam.tk, orders[0], fam.vpps, zero_opts)
-                if cb >= kth:
-                    res.pruned_bound += n
-                    continue
-                heapq.heappush(heap, (cb, next(tie), _CELL, _Cell(fam, tuple(orders), n)))
+                cell = _Cell(fam, tuple(orders), n, cb, usd[counts])
+                items.append((objective_lb(cb, usd[counts]), _CELL, cell, n))
+            deferred = []
+            push_or_defer(items, deferred)
+            defer(deferred)
             continue
         if kind == _CELL:
             cell = payload
             fam = cell.family
-            kth = kth_best()
-            for b, vpp, z, groups in bounds.children(fam.base, fam.tk, cell.orders, fam.vpps, zero_opts):
-                if b >= kth:
-                    res.pruned_bound += 1
-                    continue
-                heapq.heappush(heap, (b, next(tie), _BLOCK if fam.block else _CAND, (fam, vpp, z, groups)))
+            if plans.dominate(cell.step_lb, fam.base.world_size, usd_step(cell.step_lb, cell.usd_hour), fam.peak_lb):
+                res.pruned_dominated += cell.count
+                continue
+            child = _BLOCK if fam.block else _CAND
+            items = [(objective_lb(b, cell.usd_hour), child, (fam, vpp, z, groups, b, cell.usd_hour), 1)
+                     for b, vpp, z, groups in bounds.children(fam.base, fam.tk, cell.orders, fam.vpps, zero_opts)]
+            deferred = []
+            push_or_defer(items, deferred)
+            defer(deferred)
             continue
+        if kind in (_BLOCK, _CAND):
+            fam, _, _, _, step_lb, usd_h = payload
+            if plans.dominate(step_lb, fam.base.world_size, usd_step(step_lb, usd_h), fam.peak_lb):
+                res.pruned_dominated += 1
+                continue
         if kind == _BLOCK:
             # a block-recompute child: on its starting split (the partition assumes every layer
             # recomputed alike, so it is not re-solved), more recomputed layers only cost time
@@ -923,32 +1180,36 @@ def search(model: ModelSpec, cluster: ClusterSpec, o: SearchOptions, progress=No
                 res.pruned_memory += 1
                 continue
             b = bounds.block_candidate(ck, groups, tk=payload[0].tk)
-            heapq.heappush(heap, (b, next(tie), _REQUEUED, ck))
+            heapq.heappush(heap, (objective_lb(b, usd_h), next(tie), _REQUEUED, (ck, b, usd_h, fam.peak_lb)))
             continue
         if kind == _CAND:
             c, groups = _child(payload, cluster, uneven=o.uneven_chunks)
             valid, split = _initial_split(model, cluster, c, groups, o.uneven_chunks)
             c = with_split(c, split)
             done += 1
-            if progress:
-                progress(done, res.candidates)
-            may_fit, short_bytes, n_max = _memory_screen(model, cluster, c, need_short=not found)
+            may_fit, short_bytes, n_max, peak_lb = _memory_screen(model, cluster, c, need_short=not plans.items,
+                                                                  uneven=o.uneven_chunks)
             if not may_fit:
                 res.pruned_memory += 1
                 if short_bytes is not None and (closest is None or short_bytes < closest[0]):
                     closest = (short_bytes, c)
                 continue
             # with the layers each stage can hold, the bound may rise: queue it again
-            lb2 = bounds.candidate(c, payload[0].tk, groups, n_max)
+            b2 = bounds.candidate(c, payload[0].tk, groups, n_max)
+            if plans.dominate(b2, c.world_size, usd_step(b2, usd_h), peak_lb):
+                res.pruned_dominated += 1
+                continue
+            lb2 = objective_lb(b2, usd_h)
             if lb2 > lb * (1 + _REQUEUE_SLACK):
-                heapq.heappush(heap, (lb2, next(tie), _REQUEUED, c))
+                heapq.heappush(heap, (lb2, next(tie), _REQUEUED, (c, b2, usd_h, peak_lb)))
                 continue
         else:   # _REQUEUED
-            c = payload
+            c, step_lb, usd_h, peak_lb = payload
+            if plans.dominate(step_lb, c.world_size, usd_step(step_lb, usd_h), peak_lb):
+                res.pruned_dominated += 1
+                continue
             if c.recompute_num_layers is not None:
                 done += 1
-                if progress:
-                    progress(done, res.candidates)
                 if not _fits_exactly(model, cluster, c):
                     res.pruned_memory += 1
                     continue
@@ -960,13 +1221,20 @@ def search(model: ModelSpec, cluster: ClusterSpec, o: SearchOptions, progress=No
         if best.strategy in seen:
             continue
         seen.add(best.strategy)
-        found.append(best)
-        found.sort(key=lambda e: e.step_time_s)
-        del found[max(o.top, 1):]
-    res.pruned_bound += sum(p[-1] if k == _FAMILY else (p.count if k == _CELL else 1) for _, _, k, p in heap)
+        plans.add(best, figures(best, charge_idle=o.charge_idle))
+    res.pruned_bound += sum(_entry_count(k, p) for _, _, k, p in heap)
+    found = [x[3] for x in plans.items[:o.top]]
     if o.solver.startswith("ilp"):
         found = _ilp_cross_check(model, cluster, found, o.solver, res, o.uneven_chunks)
-    res.plans = found[:o.top]
+        again = _Plans(o)
+        for e in found:
+            again.add(e, figures(e, charge_idle=o.charge_idle))
+        plans.items = again.items
+    res.plans = [x[3] for x in plans.items[:o.top]]
+    res.plan_figures = [x[4] for x in plans.items[:o.top]]
+    if res.plans:
+        last = plans.items[min(o.top, len(plans.items)) - 1][0]
+        res.hidden_dominated = sum(1 for x in plans.dominated_objs if x <= last)
     if not res.plans and closest is None:
         closest = _closest_of(model, cluster, unfit, zero_opts)
     if not res.plans and closest is not None:
@@ -1007,7 +1275,7 @@ def _closest_of(model, cluster, families: list, zeros) -> tuple | None:
 
 def _child(payload, cluster: ClusterSpec, uneven: bool) -> tuple[Strategy, tuple[str, ...]]:
     """The Strategy of a queued candidate (built only when it is reached)."""
-    fam, vpp, z, groups = payload
+    fam, vpp, z, groups = payload[:4]
     c = replace(fam.base, vpp=vpp, schedule="interleaved" if vpp > 1 else "1f1b",
                 zero_stage=z, overlap_param_gather=z >= 1,
                 stage_node_groups=groups if cluster.is_heterogeneous else None)
@@ -1019,16 +1287,33 @@ def _child(payload, cluster: ClusterSpec, uneven: bool) -> tuple[Strategy, tuple
 _SCREEN_POINTS = 8
 
 
-def _family_may_fit(model, cluster, fam: _Family, zeros, uneven: bool, cache: dict) -> bool:
-    """Whether any candidate of the family can fit: stage i holds at most the layers that fit
-    on the roomiest GPU of the family's groups under the most sparing ZeRO stage at vpp 1
-    (virtual stages only keep more micro-batches in flight; an uneven rank of n layers holds at
-    least the activations of the even v floor(n / v) below it, hence the v - 1 extra), with
-    the lower bounds of cost/memory.py. Under 1F1B a later middle stage keeps no more
-    micro-batches than an earlier one (p - i - 1 warm-up forwards), so its room is no smaller:
-    the middle stages are evaluated at _SCREEN_POINTS points, each standing for the stages
-    before it. A block family is screened as full recompute of every layer (its candidates
-    recompute fewer and keep more)."""
+def peak_bytes_lower_bound(fixed, per, mult, n_layers: int, least: int, slack: int) -> float:
+    """Bytes that some stage of any layer split holds at least. Stage i (`mult[i]` stages alike)
+    holds >= fixed[i] + e per[i] bytes with e = its layers less `slack` (an uneven rank of n
+    layers keeps at least its even v floor(n / v) >= n - (v - 1): slack v - 1), each stage at
+    least `least` layers, all stages n_layers. If every stage held less than T, the effective
+    layers would sum below sum (T - fixed) / per, so max_i >= the T at which that sum is
+    n_layers - (stages x slack); and each stage >= fixed + (least - slack) per."""
+    n_stages = sum(mult)
+    inv = sum(k / q for k, q in zip(mult, per))
+    spread = (n_layers - n_stages * slack + sum(k * f / q for k, f, q in zip(mult, fixed, per))) / inv
+    floor = max(f + max(least - slack, 0) * q for f, q in zip(fixed, per))
+    return max(spread, floor, max(fixed))
+
+
+def _family_may_fit(model, cluster, fam: _Family, zeros, uneven: bool, cache: dict) -> tuple[bool, float]:
+    """(whether any candidate of the family can fit, a lower bound on the peak bytes per GPU of
+    every candidate). Fit: stage i holds at most the layers that fit on the roomiest GPU of the
+    family's groups under the most sparing ZeRO stage at vpp 1 (virtual stages only keep more
+    micro-batches in flight; an uneven rank of n layers holds at least the activations of the
+    even v floor(n / v) below it, hence the v - 1 extra), with the lower bounds of
+    cost/memory.py. Under 1F1B a later middle stage keeps no more micro-batches than an
+    earlier one (p - i - 1 warm-up forwards), so its room is no smaller and its per-layer bytes
+    no larger (its fixed bytes are the same): the middle stages are evaluated at _SCREEN_POINTS
+    points, each standing for the stages before it. The peak bound is
+    peak_bytes_lower_bound over the same points, with each point's least per-layer bytes over
+    the groups, the least over the ZeRO stages. A block family is screened as full recompute
+    of every layer (its candidates recompute fewer and keep more)."""
     base = replace(fam.base, recompute="full") if fam.block else fam.base
     vmax = max(fam.vpps)
     slack = vmax - 1 if (uneven and not fam.block) else 0
@@ -1041,25 +1326,31 @@ def _family_may_fit(model, cluster, fam: _Family, zeros, uneven: bool, cache: di
     middle = list(range(1, p - 1))
     step = max(1, -(-len(middle) // _SCREEN_POINTS))
     points = sorted({0, p - 1} | set(middle[step - 1::step]) | ({middle[-1]} if middle else set()))
+    # stages each point stands for
+    mult, prev = [], 0
+    for i in points:
+        mult.append(1 if i in (0, p - 1) else i - prev)
+        if i not in (0, p - 1):
+            prev = i
     room = dict.fromkeys(points, 0)
+    peak = float("inf")
     for z in zeros:
         s = replace(base, zero_stage=z, overlap_param_gather=z >= 1)
         placement = placement_of(s)
+        fixed = [stage_fixed_bytes_lower_bound(model, s, placement, i) for i in points]
+        least_per = [float("inf")] * len(points)
         for g in names:
             gpu = cluster.group(g).gpu
             alloc = allocatable_bytes(model, s, gpu)
-            for i in points:
-                per_layer = min(layer_memory_bytes(model, s, placement, i, k, gpu) for k in model.layer_kinds)
-                r = int(max((alloc - stage_fixed_bytes_lower_bound(model, s, placement, i)) // per_layer, 0))
+            for k, i in enumerate(points):
+                per_layer = min(layer_memory_bytes(model, s, placement, i, kind, gpu) for kind in model.layer_kinds)
+                least_per[k] = min(least_per[k], per_layer)
+                r = int(max((alloc - fixed[k]) // per_layer, 0))
                 room[i] = max(room[i], r)
+        peak = min(peak, peak_bytes_lower_bound(fixed, least_per, mult, L, 1, slack))
     # each middle stage up to a point holds at most that point's room
-    total, prev = 0, 0
-    for i in points:
-        n_stages = 1 if i in (0, p - 1) else i - prev
-        if i not in (0, p - 1):
-            prev = i
-        total += n_stages * min(room[i] + slack, L)
-    v = cache[key] = total >= L and room[0] >= 1 and room[p - 1] >= 1
+    total = sum(n * min(room[i] + slack, L) for n, i in zip(mult, points))
+    v = cache[key] = (total >= L and room[0] >= 1 and room[p - 1] >= 1, peak)
     return v
 
 
@@ -1098,23 +1389,28 @@ def _least_block_recompute(model, cluster, s: Strategy, k_max: int):
     return replace(s, recompute_num_layers=lo)
 
 
-def _memory_screen(model: ModelSpec, cluster: ClusterSpec, s: Strategy, need_short: bool):
-    """(may fit, bytes short, most layers each stage can hold). Stage i holds at most
-    n_i = (capacity - fixed) / per-layer layers (a multiple of vpp), with the lower bounds of
-    cost/memory.py, so a split can only fit if every n_i >= vpp and the n_i reach the model's
-    layers. Bytes short (of the starting split, for the closest-plan report) only if asked."""
+def _memory_screen(model: ModelSpec, cluster: ClusterSpec, s: Strategy, need_short: bool, uneven: bool = True):
+    """(may fit, bytes short, most layers each stage can hold, a lower bound on the peak bytes
+    per GPU of any split). Stage i holds at most n_i = (capacity - fixed) / per-layer layers (a
+    multiple of vpp), with the lower bounds of cost/memory.py, so a split can only fit if every
+    n_i >= vpp and the n_i reach the model's layers. Bytes short (of the starting split, for
+    the closest-plan report) only if asked. `uneven`: splits whose ranks need not hold a
+    multiple of vpp layers are searched (the peak bound allows for them)."""
     if s.recompute_num_layers is not None:
         # block recompute is priced on its own split: its memory is known exactly
         mems = _stage_memories(model, cluster, s)
-        return all(m.fits for m in mems), max(m.total - m.capacity for m in mems), list(s.stage_layers(model))
+        return (all(m.fits for m in mems), max(m.total - m.capacity for m in mems), list(s.stage_layers(model)),
+                max(m.total for m in mems))
     placement = placement_of(s)
-    n_max = []
+    n_max, fixed, pers = [], [], []
     may_fit = True
     for i in range(s.pp):
         gpu = _stage_gpu(cluster, s, i)
         per = min(layer_memory_bytes(model, s, placement, i, k, gpu) for k in model.layer_kinds)
-        room = (allocatable_bytes(model, s, gpu)
-                - stage_fixed_bytes_lower_bound(model, s, placement, i)) // per
+        fx = stage_fixed_bytes_lower_bound(model, s, placement, i)
+        fixed.append(fx)
+        pers.append(per)
+        room = (allocatable_bytes(model, s, gpu) - fx) // per
         room = int(max(room, 0)) // s.vpp * s.vpp
         if s.recompute_num_layers is None and room >= s.vpp:
             # a rank of n layers, n not a multiple of vpp, keeps at least the activations of
@@ -1127,7 +1423,9 @@ def _memory_screen(model: ModelSpec, cluster: ClusterSpec, s: Strategy, need_sho
     short = None
     if not may_fit and need_short:
         short = max(m.total - m.capacity for m in _stage_memories(model, cluster, s))
-    return may_fit, short, n_max
+    peak = peak_bytes_lower_bound(fixed, pers, [1] * s.pp, model.num_layers, s.vpp,
+                                  s.vpp - 1 if uneven else 0)
+    return may_fit, short, n_max, peak
 
 
 def _price(model, cluster, s: Strategy, solver: str, res: SearchResult, uneven: bool = True):

@@ -10,7 +10,7 @@ from typing import Any
 
 from ..errors import SpecError
 from ..units import UnitError, parse_bandwidth, parse_size, parse_time
-from ..yamlio import check_fields, get_int, get_str, load_file
+from ..yamlio import check_fields, get_float, get_int, get_str, load_file
 from .hardware import GPUProfile
 
 # Default NIC latency when the spec gives none: typical one-way RDMA latency of InfiniBand/RoCE
@@ -19,6 +19,10 @@ from .hardware import GPUProfile
 DEFAULT_NIC_LATENCY_S = 5e-6
 MAX_NODES_PER_GROUP = 100_000
 MAX_GPUS_PER_NODE = 72   # an NVL72 rack is the largest scale-up domain shipped today
+# USD per GPU-hour. Cloud list prices of the largest GPUs are a few dollars to a few tens of
+# dollars per GPU-hour; a value above this is a price per node, per day or in cents, and is
+# refused rather than priced.
+MAX_PRICE_PER_GPU_HOUR = 1000.0
 
 
 @dataclass(frozen=True)
@@ -32,6 +36,7 @@ class NodeGroup:
     intra_node_bandwidth_bytes_per_s: float  # per GPU, per direction
     nic_latency_s: float
     host_memory_bytes: float | None
+    price_per_gpu_hour: float | None = None   # USD, optional: the cost objective and $ figures
 
     @property
     def num_gpus(self) -> int:
@@ -78,9 +83,14 @@ class ClusterSpec:
     def is_heterogeneous(self) -> bool:
         return len(self.node_groups) > 1
 
+    @property
+    def is_priced(self) -> bool:
+        """Every node group has a price_per_gpu_hour."""
+        return all(g.price_per_gpu_hour is not None for g in self.node_groups)
+
 
 GROUP_FIELDS = {"name", "nodes", "gpus_per_node", "gpu", "nics_per_node", "nic_bandwidth",
-                "intra_node_bandwidth", "nic_latency", "host_memory"}
+                "intra_node_bandwidth", "nic_latency", "host_memory", "price_per_gpu_hour"}
 REQUIRED_GROUP_FIELDS = {"name", "nodes", "gpus_per_node", "gpu", "nics_per_node", "nic_bandwidth"}
 CLUSTER_FIELDS = {"name", "node_groups", "interconnect", "source", "notes", "calibration"}
 REQUIRED_CLUSTER_FIELDS = {"name", "node_groups"}
@@ -162,6 +172,8 @@ def base_cluster_from_dict(data: Any, source: str) -> ClusterSpec:
                            if g.get("nic_latency") is not None else DEFAULT_NIC_LATENCY_S),
             host_memory_bytes=(_unit(parse_size, g, "host_memory", source, p)
                                if g.get("host_memory") is not None else None),
+            price_per_gpu_hour=get_float(g, "price_per_gpu_hour", source, p, minimum=0.0,
+                                         maximum=MAX_PRICE_PER_GPU_HOUR),
         ))
     links = []
     raw_links = data.get("interconnect") or []

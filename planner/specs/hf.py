@@ -3,6 +3,7 @@ DeepSeek-V3) onto a ModelSpec. No network access: the file is read as it is."""
 
 from __future__ import annotations
 
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from ..errors import SpecError
@@ -51,6 +52,25 @@ def _need(data: dict, key: str, source: str) -> Any:
     return data[key]
 
 
+def model_name(data: dict, source: str, model_type: str) -> str:
+    """What the model is called: the config's `_name_or_path` as transformers saved it (a hub id
+    such as 'meta-llama/Meta-Llama-3-8B' as is, a local path by its last folder), else the
+    folder that holds config.json (a downloaded snapshot is named after its model), else the
+    file's own stem, else hf-<model_type>. In the Hugging Face hub cache
+    (models--ORG--NAME/snapshots/REVISION/config.json) the name is ORG/NAME."""
+    ref = data.get("_name_or_path")
+    if isinstance(ref, str) and ref.strip():
+        ref = ref.strip()
+        if ref.startswith(("/", ".", "~")) or "\\" in ref or ":" in ref:   # a path, not a hub id
+            ref = PurePosixPath(ref.replace("\\", "/")).name or ref
+        return ref
+    p = Path(source).resolve()
+    if p.parent.parent.name == "snapshots" and p.parents[2].name.startswith("models--"):
+        return p.parents[2].name[len("models--"):].replace("--", "/")
+    name = p.parent.name if p.name == "config.json" else p.stem
+    return name or f"hf-{model_type}"
+
+
 def model_from_hf(data: dict, source: str) -> ModelSpec:
     mt = _model_type(data, source)
     act = data.get("hidden_act", "silu")
@@ -60,7 +80,7 @@ def model_from_hf(data: dict, source: str) -> ModelSpec:
     a = _need(data, "num_attention_heads", source)
     L = _need(data, "num_hidden_layers", source)
     out: dict[str, Any] = {
-        "name": data.get("_name_or_path") or f"hf-{mt}",
+        "name": model_name(data, source, mt),
         "num_layers": L,
         "hidden_size": h,
         "num_attention_heads": a,

@@ -7,7 +7,7 @@ same fields and are checked against the loaders' field sets in tests/test_schema
 
 from __future__ import annotations
 
-from .cluster import (INTERCONNECT_FIELDS, REQUIRED_CLUSTER_FIELDS, REQUIRED_GROUP_FIELDS,
+from .cluster import (INTERCONNECT_FIELDS, MAX_PRICE_PER_GPU_HOUR, REQUIRED_CLUSTER_FIELDS, REQUIRED_GROUP_FIELDS,
                       REQUIRED_INTERCONNECT_FIELDS)
 from .hardware import DTYPES, EFF_REQUIRED_FIELDS, PROFILE_REQUIRED_FIELDS
 from .model import NORMALIZATIONS, POSITION_EMBEDDINGS, REQUIRED_MODEL_FIELDS
@@ -93,6 +93,9 @@ GROUP_PROPERTIES = {
                                                          "default the profile's scale_up_bandwidth"},
     "nic_latency": {**TIME, "description": "per message across nodes; default 5 us"},
     "host_memory": {**SIZE, "description": "host DRAM per node (for optimizer offload)"},
+    "price_per_gpu_hour": {"type": "number", "minimum": 0, "maximum": MAX_PRICE_PER_GPU_HOUR,
+                           "description": "USD per GPU-hour (optional): $ per million tokens, $ to a token "
+                                          "budget and plan --objective cost"},
 }
 INTERCONNECT_PROPERTIES = {
     "between": {"type": "array", "items": NAME, "minItems": 2, "maxItems": 2,

@@ -1,0 +1,163 @@
+"""`planner plan` output: the table and the JSON document of the top plans (GPUs used and idle
+per node group, cost and time to a token budget, whether #1 is optimal), and the message when
+no plan fits."""
+
+from __future__ import annotations
+
+from ..search.objective import Figures, figures
+from .report import compress_runs, estimate_to_dict
+
+GIB = 2**30
+# The GPUs-needed hint: bf16 parameters (2 bytes), fp32 gradients (4), fp32 main parameters and
+# two Adam moments (12) per parameter, Megatron-LM's distributed-optimizer table
+# (docs/source/api-guide/dist_optimizer.md, "fp16 param, fp32 grads"), unsharded by ZeRO...
+MODEL_STATE_BYTES_PER_PARAM = 18
+# ...over this share of each GPU's usable memory (the rest left to activations and buffers):
+# the hint is a size to aim for, not a plan.
+MODEL_STATE_SHARE = 0.8
+OBJECTIVE_TEXT = {"throughput": "step time", "cost": "$ per million tokens", "time-to-train": "days to train"}
+
+
+def group_use_text(fig: Figures, idle: bool) -> str:
+    """'64' on one node group; 'h100 32 a100 16' on several (the used, or with `idle` the idle,
+    GPUs of each group that has any)."""
+    if len(fig.groups) == 1:
+        return str(fig.groups[0].idle if idle else fig.groups[0].used)
+    parts = [f"{g.name} {g.idle if idle else g.used}" for g in fig.groups if (g.idle if idle else g.used)]
+    return " ".join(parts) or "0"
+
+
+def gpu_use_line(fig: Figures) -> str:
+    """'GPUs: 48 of 64 used, 16 idle (h100 32 used, 0 idle; a100 16 used, 16 idle)'."""
+    per = "; ".join(f"{g.name} {g.used} used, {g.idle} idle" for g in fig.groups)
+    return f"GPUs: {fig.gpus_used} of {fig.gpus_used + fig.gpus_idle} used, {fig.gpus_idle} idle ({per})"
+
+
+def tokens_text(n: float) -> str:
+    """2e12 -> '2T' (the largest SI suffix that keeps a short mantissa)."""
+    for suffix, mult in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if n >= mult:
+            return f"{n / mult:.4g}{suffix}"
+    return f"{n:.4g}"
+
+
+def plan_entry(e, fig: Figures, model_file=None) -> dict:
+    """One plan of `plan --json`: the estimate's blocks plus the model, the GPUs used and idle
+    (in total and per node group) and the cost block (null where its inputs are missing)."""
+    d = estimate_to_dict(e)
+    model = dict(d["model"])
+    if model_file is not None:
+        model["file"] = str(model_file)
+    return {
+        "model": model, "plan": d["plan"], "memory": d["memory"], "time": d["time"],
+        "throughput": d["throughput"], "communication": d["communication"],
+        "gpus_used": fig.gpus_used, "gpus_idle": fig.gpus_idle,
+        "node_groups": [{"name": g.name, "gpu": g.gpu, "gpus": g.gpus, "used": g.used, "idle": g.idle,
+                         "price_per_gpu_hour": g.price_per_gpu_hour} for g in fig.groups],
+        "cost": {"tokens_per_s": fig.tokens_per_s, "usd_per_hour": fig.usd_per_hour,
+                 "usd_per_million_tokens": fig.usd_per_million_tokens, "train_tokens": fig.train_tokens,
+                 "days_to_train": fig.days_to_train, "usd_total": fig.usd_total,
+                 "idle_gpus_charged": fig.idle_charged},
+    }
+
+
+def plan_figures(res, train_tokens, charge_idle) -> list[Figures]:
+    """The figures of each plan, with the token budget the output reports against."""
+    return [figures(e, train_tokens, charge_idle) for e in res.plans]
+
+
+def optimality_text(info: dict) -> str:
+    """Whether #1 is the optimum of the space under the cost model, or how far it may be."""
+    if info["status"] == "time-limit":
+        return (f"#1 is within {info['optimality_gap'] * 100:.1f}% of the optimum: the search stopped at its time "
+                "limit, and no plan left unpriced can be better by more (its bound)")
+    if info["optimality_gap"] > 0:
+        return (f"#1 is within {info['optimality_gap'] * 100:.2f}% of the optimum: a stage-partition DP hit its "
+                "work cap")
+    return "#1 is optimal under the cost model: no plan of the space is better (every one left unpriced is bounded)"
+
+
+def render_plans(res, m, c, info: dict, o, train_tokens, console) -> None:
+    from rich.table import Table
+
+    figs = plan_figures(res, train_tokens, o.charge_idle)
+    priced = any(f.usd_per_million_tokens is not None for f in figs)
+    t = Table(title=f"Top plans: {m.name} on {c.name} ({c.num_gpus} GPUs)")
+    cols = ["#", "tp pp dp cp ep vpp", "mbs", "recompute", "zero", "layers/stage", "stages on", "GPUs used",
+            "idle", "GiB used/usable", "step s", "tokens/s"]
+    cols += ["$/M tokens"] if priced else []
+    cols += ["days"] if train_tokens is not None else []
+    cols += ["$ total"] if priced and train_tokens is not None else []
+    cols += ["TFLOP/s", "MFU"]
+    for col in cols:
+        t.add_column(col, justify="right", overflow="fold")
+    for k, (e, f) in enumerate(zip(res.plans, figs), 1):
+        s = e.strategy
+        pk = e.peak_memory
+        row = [str(k), f"{s.tp} {s.pp} {s.dp} {s.cp} {s.ep} {s.vpp}", str(s.micro_batch_size), s.recompute_label,
+               str(s.zero_stage), compress_runs([str(x) for x in s.stage_layers(m)]), compress_runs(e.stage_groups),
+               group_use_text(f, False), group_use_text(f, True),
+               f"{pk.total / GIB:.1f}/{pk.capacity / GIB:.1f}", f"{e.step_time_s:.3f}", f"{e.tokens_per_s:,.0f}"]
+        if priced:
+            row.append("-" if f.usd_per_million_tokens is None else f"{f.usd_per_million_tokens:.3f}")
+        if train_tokens is not None:
+            row.append(f"{f.days_to_train:.1f}")
+        if priced and train_tokens is not None:
+            row.append("-" if f.usd_total is None else f"{f.usd_total:,.0f}")
+        row += [f"{e.model_tflops_per_gpu:.0f}", f"{e.mfu * 100:.1f}%"]
+        t.add_row(*row)
+    console.print(t)
+    first = res.plans[0]
+    console.print(f"TFLOP/s: model FLOPs per second per GPU; MFU against the {first.mfu_basis}"
+                  + (" (fp8 plans too)" if first.strategy.precision == "fp8" else ""), markup=False)
+    ranked = OBJECTIVE_TEXT[o.objective]
+    if o.objective == "time-to-train":
+        ranked += (" (the order of step time: every plan trains --global-batch-size x --seq-length tokens a step)")
+    console.print(f"ranked by {ranked} (--objective {o.objective})"
+                  + (f"; days for {tokens_text(train_tokens)} tokens" if train_tokens is not None else ""),
+                  markup=False)
+    if priced:
+        console.print("$: " + ("every GPU of the cluster, idle ones too (--charge-idle)" if o.charge_idle else
+                               "the GPUs each plan uses; idle GPUs are not charged (--charge-idle charges the "
+                               "whole cluster)") + ", at the node groups' price_per_gpu_hour", markup=False)
+    console.print(f"searched {info['candidates']} candidates ({info['pruned_memory']} pruned by memory, "
+                  f"{info['pruned_bound']} by the bound, {info['pruned_dominated']} dominated, {info['priced']} "
+                  f"priced) in {info['seconds']:.1f} s; stage partition solver: {info['solver']}", markup=False)
+    console.print(optimality_text(info), markup=False)
+    if res.hidden_dominated and not o.keep_dominated:
+        console.print(f"left out: {res.hidden_dominated} priced plan(s) in this range that another plan matches or "
+                      "beats on step time, memory" + (", GPUs and $" if priced else " and GPUs")
+                      + " (--all lists them)", markup=False)
+    if res.idle_groups:
+        console.print(f"node groups left idle by the best plan: {', '.join(res.idle_groups)} "
+                      "(adding them did not make a better plan under the cost model)", markup=False)
+
+
+def no_fit_hints(e, o, cluster) -> list[str]:
+    """What to try when nothing fits, leaving out what the search already tried or the user
+    already asked for."""
+    pins = dict(o.fixed)
+    hints = []
+    tried_recompute = [pins["recompute"]] if "recompute" in pins else list(o.recompute)
+    if "full" not in tried_recompute:
+        hints.append("full recompute (--fix recompute=full)")
+    if "mbs" in pins and pins["mbs"] > 1:
+        hints.append(f"a micro-batch below --fix mbs={pins['mbs']}")
+    zeros = [pins["zero"]] if "zero" in pins else list(o.zero_stages)
+    if 3 not in zeros:
+        hints.append("ZeRO-3 / FSDP (" + ("--fix zero=3" if "zero" in pins else
+                                         f"--zero-stages {','.join(str(z) for z in sorted(set(zeros) | {3}))}") + ")")
+    degrees = [f"{k}={v}" for k, v in o.fixed if k in ("tp", "pp", "dp", "cp", "ep", "etp", "vpp")]
+    if degrees:
+        hints.append(f"fewer pins than --fix {' --fix '.join(degrees)}")
+    hints.append("optimizer offload (planner estimate --offload-optimizer)")
+    worst = max(e.memory, key=lambda x: x.total - x.capacity)
+    need = e.model.parameters * MODEL_STATE_BYTES_PER_PARAM / (worst.capacity * MODEL_STATE_SHARE)
+    cap = o.gpus if o.gpus is not None else o.max_gpus
+    if cap is not None and cap < cluster.num_gpus:
+        flag = "--gpus" if o.gpus is not None else "--max-gpus"
+        hints.append(f"more GPUs than {flag} {cap} (the cluster has {cluster.num_gpus})")
+    else:
+        hints.append(f"more GPUs (model states alone need about {need:,.0f} GPUs of this size at "
+                     f"{MODEL_STATE_BYTES_PER_PARAM} bytes/parameter)")
+    return hints
