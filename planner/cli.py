@@ -383,7 +383,7 @@ def plan(
     allow_tp_across_nodes: bool = typer.Option(False, "--allow-tp-across-nodes",
                                                help="Also try TP groups larger than a node (slow networks make them lose)."),
     uneven_chunks: bool = typer.Option(False, "--uneven-chunks",
-                                       help="Also try pipeline ranks whose layers do not divide by vpp (virtual chunks differ by one layer; a --pipeline-model-parallel-layout). Not with --emit yet."),
+                                       help="Also try pipeline ranks whose layers do not divide by vpp (virtual chunks differ by one layer, emitted as a --pipeline-model-parallel-layout). The top plan is exact; #2.. may miss a better plan."),
     emit: Optional[str] = typer.Option(None, "--emit", help="megatron: write launch files"),
     out: Optional[str] = typer.Option(None, "--out", help="Folder for --emit"),
     force: bool = typer.Option(False, "--force", help="Replace an --out folder planner wrote (only while it holds "
@@ -408,9 +408,6 @@ def plan(
         raise SpecError("--out", None, "required with --emit")
     if out is not None and not emit:
         raise SpecError("--out", None, "needs --emit megatron (nothing else is written there)")
-    if emit and uneven_chunks:
-        raise SpecError("--uneven-chunks", None, "cannot be used with --emit yet: the launch writer does not "
-                        "write per-chunk layer layouts")
     int_option("--global-batch-size", global_batch_size, 1, MAX_COUNT)
     int_option("--seq-length", seq_length, 1, MAX_COUNT)
     if not time_limit > 0:

@@ -97,7 +97,8 @@ def render_plans(res, m, c, info: dict, o, train_tokens, console) -> None:
         row = [str(k), f"{s.tp} {s.pp} {s.dp} {s.cp} {s.ep} {s.vpp}", str(s.micro_batch_size), s.recompute_label,
                str(s.zero_stage), compress_runs([str(x) for x in s.stage_layers(m)]), compress_runs(e.stage_groups),
                group_use_text(f, False), group_use_text(f, True),
-               f"{pk.total / GIB:.1f}/{pk.capacity / GIB:.1f}", f"{e.step_time_s:.3f}", f"{e.tokens_per_s:,.0f}"]
+               f"{pk.total / GIB:.1f}/{pk.capacity / GIB:.1f}" + (" TIGHT" if e.memory_verdict == "tight" else ""),
+               f"{e.step_time_s:.3f}", f"{e.tokens_per_s:,.0f}"]
         if priced:
             row.append("-" if f.usd_per_million_tokens is None else f"{f.usd_per_million_tokens:.3f}")
         if train_tokens is not None:
@@ -124,6 +125,11 @@ def render_plans(res, m, c, info: dict, o, train_tokens, console) -> None:
                   f"{info['pruned_bound']} by the bound, {info['pruned_dominated']} dominated, {info['priced']} "
                   f"priced) in {info['seconds']:.1f} s; stage partition solver: {info['solver']}", markup=False)
     console.print(optimality_text(info), markup=False)
+    tight = [k for k, e in enumerate(res.plans, 1) if e.memory_verdict == "tight"]
+    if tight:
+        u = res.plans[0].memory[0].uncertainty
+        console.print(f"TIGHT: plan(s) {', '.join(f'#{k}' for k in tight)} fit, but by less than the memory model's "
+                      f"stated uncertainty ({u * 100:.0f}% + 256 MiB): they may run out of memory", markup=False)
     if res.hidden_dominated and not o.keep_dominated:
         console.print(f"left out: {res.hidden_dominated} priced plan(s) in this range that another plan matches or "
                       "beats on step time, memory" + (", GPUs and $" if priced else " and GPUs")

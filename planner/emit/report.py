@@ -20,6 +20,7 @@ def strategy_to_dict(s: Strategy, model=None, stage_groups=None) -> dict:
         "zero_stage": s.zero_stage, "precision": s.precision, "schedule": s.schedule,
         "overlap_grad_reduce": s.overlap_grad_reduce, "overlap_param_gather": s.overlap_param_gather,
         "offload_optimizer": s.offload_optimizer, "world_size": s.world_size,
+        "chunk_layers": list(s.chunk_layers) if s.chunk_layers is not None else None,
     }
     if model is not None:
         stages = []
@@ -61,6 +62,8 @@ def estimate_to_dict(e: Estimate) -> dict:
             "peak_bytes_per_gpu": max(m.total for m in e.memory),
             "capacity_bytes_per_gpu": peak.capacity,
             "fits": e.fits,
+            "verdict": e.memory_verdict,
+            "uncertainty_fraction": peak.uncertainty,
             "most_loaded_stage": peak.stage,
             "breakdown": {"parameters": peak.parameters, "gradients": peak.gradients,
                           "optimizer": peak.optimizer, "activations": peak.activations,

@@ -74,6 +74,12 @@ def strategy_from_plan_json(path: str) -> Strategy:
     groups = None
     if stages and all(isinstance(x.get("node_group"), str) and "+" not in x["node_group"] for x in stages):
         groups = tuple(x["node_group"] for x in stages)
+    chunks = p.get("chunk_layers")
+    if chunks is not None:
+        if not isinstance(chunks, list) or not all(isinstance(n, int) and not isinstance(n, bool) and 0 <= n <= _PLAN_MAX_INT
+                                                   for n in chunks):
+            raise SpecError(path, "plan.chunk_layers", f"found {chunks!r}, expected a list of layer counts or null")
+        chunks = tuple(chunks)
     return Strategy(
         tp=v["tensor_model_parallel_size"], pp=v["pipeline_model_parallel_size"], dp=v["data_parallel_size"],
         cp=v["context_parallel_size"], ep=v["expert_model_parallel_size"], etp=v["expert_tensor_parallel_size"],
@@ -82,7 +88,7 @@ def strategy_from_plan_json(path: str) -> Strategy:
         recompute_num_layers=v["recompute_num_layers"], sequence_parallel=v["sequence_parallel"],
         zero_stage=v["zero_stage"], precision=v["precision"], schedule=v["schedule"], layers_per_stage=layers,
         stage_node_groups=groups, overlap_grad_reduce=v["overlap_grad_reduce"],
-        overlap_param_gather=v["overlap_param_gather"], offload_optimizer=v["offload_optimizer"])
+        overlap_param_gather=v["overlap_param_gather"], offload_optimizer=v["offload_optimizer"], chunk_layers=chunks)
 
 
 def parse_settings(items) -> dict:
@@ -160,16 +166,25 @@ def load_plan_or_launch(path: str, cluster, model_ref):
     except (OSError, UnicodeDecodeError) as exc:
         raise SpecError(path, None, f"cannot read: {exc}") from None
     if text_head.startswith("{"):
-        from ..yamlio import load_file
-        doc = load_file(path)
-        name = None
-        if isinstance(doc, dict) and isinstance(doc.get("model"), dict):
-            name = doc["model"].get("name")
-        if not model_ref and not isinstance(name, str):
-            raise SpecError("--model", None, f"required: {path} does not name its model")
-        return load_model_ref(model_ref or name), strategy_from_plan_json(path)
+        return load_model_ref(model_ref or plan_model_ref(path)), strategy_from_plan_json(path)
     ld = load_launch(path, cluster, model_ref)
     return ld.model, ld.strategy
+
+
+def plan_model_ref(path: str) -> str:
+    """The model a plan JSON names (`plan --json`: plans[0].model, plan.json from --emit:
+    model): its file when it was read from one that still exists, else its name (bundled)."""
+    from ..yamlio import load_file
+    doc = load_file(path)
+    entry = doc["plans"][0] if isinstance(doc, dict) and isinstance(doc.get("plans"), list) and doc["plans"] else doc
+    block = entry.get("model") if isinstance(entry, dict) else None
+    if isinstance(block, dict):
+        f, name = block.get("file"), block.get("name")
+        if isinstance(f, str) and os.path.isfile(f):
+            return f
+        if isinstance(name, str) and name:
+            return name
+    raise SpecError("--model", None, f"required: {path} does not name its model")
 
 
 def launch_report(ld: LoadedLaunch, verbose: bool) -> list[str]:
@@ -229,9 +244,7 @@ def run_check(cluster_ref, megatron_args, plan_file, model_ref, world_size, as_j
         result.update(launch_json(ld))
         extra = launch_report(ld, verbose)
     else:
-        if not model_ref:
-            raise SpecError("--model", None, "required with --plan")
-        model = load_model_ref(model_ref)
+        model = load_model_ref(model_ref or plan_model_ref(plan_file))
         strategy = strategy_from_plan_json(plan_file)
         viol = []
         from .emit import megatron_args as build

@@ -71,8 +71,8 @@ class SearchOptions:
     # a pipeline rank's layers need not divide by vpp: its virtual chunks differ by one layer
     # (Megatron's --pipeline-model-parallel-layout, as Llama 3 405B ran 126 layers on PP16 x
     # VPP2); the first and last stages can then carry fewer layers for the embedding and loss.
-    # Off by default until the launch emitter, the launch reader and plan JSON carry
-    # Strategy.chunk_layers (they write and read per-rank counts only).
+    # The launch emitter, the launch reader and plan JSON carry Strategy.chunk_layers; off by
+    # default while the top K with uneven chunks is not yet exact (tests/test_search.py).
     uneven_chunks: bool = False
     # GPU budget: exactly `gpus` of the cluster's GPUs, or at most `max_gpus`; plans use more
     # than min_gpu_fraction of the GPUs available to them (not applied with `gpus`)
