@@ -389,6 +389,8 @@ def plan(
     force: bool = typer.Option(False, "--force", help="Replace an --out folder planner wrote (only while it holds "
                                                       "exactly the files of its planner-manifest.json, unchanged)"),
     explain: bool = typer.Option(False, "--explain", help="Explain the top plan and why it beats the runner-up."),
+    compare_with: Optional[str] = typer.Option(None, "--compare-with",
+                                               help="A launch or plan JSON (e.g. the layout you run today): priced on the same cluster beside #1, with the terms that differ."),
     plot: Optional[str] = typer.Option(None, "--plot", help="Folder for timeline, memory and candidates PNGs (plot extra)."),
     as_json: bool = typer.Option(False, "--json"),
 ):
@@ -446,6 +448,12 @@ def plan(
     if not res.plans:
         _report_no_fit(res, m, c, as_json, search_info, opts)
         raise typer.Exit(1)
+    other = None
+    if compare_with is not None:
+        from .estimate import estimate as run_estimate
+        from .megatron.check import load_plan_or_launch
+        om, os_ = load_plan_or_launch(compare_with, c, model if os.path.isfile(str(model)) else None)
+        other = run_estimate(om, c, os_)
     written = []
     plot_done = False
     if emit == "megatron":
@@ -466,6 +474,13 @@ def plan(
                "plans": [plan_entry(e, f, model_file) for e, f in zip(res.plans, plan_figures(res, tokens, charge_idle))]}
         if written:
             doc["emitted"] = written
+        if other is not None:
+            from .emit.explain import differing_terms
+            from .emit.report import estimate_to_dict
+            doc["compare_with"] = {"file": compare_with, "estimate": estimate_to_dict(other),
+                                   "top_plan_speedup": other.step_time_s / res.plans[0].step_time_s,
+                                   "differing_terms": [{"term": k, "top_s": a, "compared_s": b}
+                                                       for k, a, b in differing_terms(res.plans[0], other)]}
         _print_json(doc)
     else:
         render_plans(res, m, c, search_info, opts, tokens, console)
@@ -477,6 +492,11 @@ def plan(
             render_explain(res.plans[0], console, charge_idle=charge_idle)
             if len(res.plans) > 1:
                 render_difference(res.plans[0], res.plans[1], console)
+        if other is not None:
+            from .emit.explain import render_difference
+            console.print(f"\n#1 is predicted {other.step_time_s / res.plans[0].step_time_s:.2f}x the speed of "
+                          f"{compare_with} on {c.name} (its verdict: {other.memory_verdict})", markup=False)
+            render_difference(res.plans[0], other, console, "#1", "compared")
     if plot is not None and not plot_done:
         _write_plots(plot, res.plans[0], res.priced_estimates, as_json)
     elif plot_done and not as_json:

@@ -124,3 +124,32 @@ def test_fp8_mfu_says_its_basis():
     r = _cli("plan", "--model", "llama3-8b", "--cluster", "dgx-h100-x8", "--global-batch-size", "128",
              "--seq-length", "4096", "--precision", "fp8", "--fix", "tp=2", "--fix", "pp=1", "--top", "1")
     assert r.returncode == 0 and "MFU against the bf16 dense peak (fp8 plans too)" in r.stdout, r.stdout
+
+
+def test_plan_compare_with_prices_the_launch_run_today(tmp_path):
+    """`plan --compare-with` prices a user's own launch on the same cluster beside #1. The launch
+    below is inside the search space, so #1 can be no slower than it under the same cost model."""
+    launch = tmp_path / "today.sh"
+    launch.write_text(
+        "torchrun --nproc-per-node 8 --nnodes 8 pretrain_gpt.py \\\n"
+        "  --num-layers 32 --hidden-size 4096 --ffn-hidden-size 14336 --num-attention-heads 32 \\\n"
+        "  --group-query-attention --num-query-groups 8 --seq-length 4096 --max-position-embeddings 8192 \\\n"
+        "  --swiglu --normalization RMSNorm --untie-embeddings-and-output-weights --position-embedding-type rope \\\n"
+        "  --disable-bias-linear --vocab-size 128256 --bf16 --use-flash-attn --use-distributed-optimizer \\\n"
+        "  --tensor-model-parallel-size 4 --pipeline-model-parallel-size 1 --micro-batch-size 1 \\\n"
+        "  --global-batch-size 128 --recompute-granularity full --recompute-method uniform --recompute-num-layers 1\n")
+    base = ["plan", "--model", "llama3-8b", "--cluster", "dgx-h100-x8", "--global-batch-size", "128",
+            "--seq-length", "4096", "--compare-with"]
+    r = _cli(*base, str(launch), "--json")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    cw = doc["compare_with"]
+    assert cw["estimate"]["plan"]["tensor_model_parallel_size"] == 4
+    assert cw["estimate"]["plan"]["recompute"] == "full"
+    assert cw["top_plan_speedup"] == pytest.approx(cw["estimate"]["time"]["step_s"] / doc["plans"][0]["time"]["step_s"])
+    assert cw["top_plan_speedup"] >= 1.0
+    assert "compute" in {t["term"] for t in cw["differing_terms"]}     # full recompute re-runs the forward
+    r = _cli(*base, str(launch))
+    assert r.returncode == 0 and "x the speed of" in r.stdout and "the terms that differ" in r.stdout
+    r = _cli(*base, str(tmp_path / "nope.sh"))
+    assert r.returncode == 2 and "Traceback" not in r.stderr and "nope.sh" in r.stderr
