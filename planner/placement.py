@@ -80,6 +80,13 @@ class Placement:
     def model_shard_factor(self, group: str) -> float:
         """Fraction of a stage's parameters of a group one rank computes with: the model axes
         only (tp; ep x etp for experts), before any data-axis (ZeRO) sharding."""
+        key = ("model", group)
+        f = self._factors.get(key)
+        if f is None:
+            f = self._factors[key] = self._compute_model_shard_factor(group)
+        return f
+
+    def _compute_model_shard_factor(self, group: str) -> float:
         f = 1.0
         for axis in MODEL_AXES:
             if self.mode("parameters", group, axis) in (Mode.SHARDED, Mode.SHARDED_GATHER):
@@ -96,8 +103,12 @@ class Placement:
 
     def host_factor(self, state: str, group: str) -> float:
         """Fraction of a stage's bytes of a state that one rank keeps in host memory."""
-        f, offloaded = self._sharded_factor(state, group)
-        return f * self.offload_fraction if offloaded else 0.0
+        key = ("host", state, group)
+        h = self._factors.get(key)
+        if h is None:
+            f, offloaded = self._sharded_factor(state, group)
+            h = self._factors[key] = f * self.offload_fraction if offloaded else 0.0
+        return h
 
     def _sharded_factor(self, state: str, group: str) -> tuple[float, bool]:
         """(fraction one rank holds if offloaded axes count as sharded, any axis offloaded?)"""

@@ -383,13 +383,27 @@ def layer_memory_bytes(model: ModelSpec, s: Strategy, placement: Placement, stag
     activations for the rank's in-flight micro-batches. Exact when every layer is recomputed
     alike and chunks are even; with recompute_num_layers it counts every layer as fully
     recomputed (a lower bound)."""
+    return (layer_state_bytes(model, s, placement, moe, gpu)
+            + layer_kept_activation_bytes(model, s, moe) * in_flight_microbatches(s, stage))
+
+
+def layer_state_bytes(model: ModelSpec, s: Strategy, placement: Placement, moe: bool,
+                      gpu: GPUProfile | None = None) -> float:
+    """Bytes of one decoder layer's parameters, gradients and optimizer state after sharding,
+    plus its fp8 weight copies on `gpu`: the part of layer_memory_bytes that is the same on
+    every pipeline rank."""
     bpp = bytes_per_param(s)
     lp = one_layer_params(model, moe)
     states = sum(placement.state_params(state, lp) * bpp[state] for state in STATES_AT_REST)
     if gpu is not None:
         states += fp8_weight_cache_bytes(s, gpu) * layer_linear_params(model, placement, moe)
+    return states
+
+
+def layer_kept_activation_bytes(model: ModelSpec, s: Strategy, moe: bool) -> float:
+    """Bytes one decoder layer keeps for backward per micro-batch in flight (its recompute mode)."""
     mode = s.recompute if s.recompute in ("full", "selective") else "none"
-    return states + act.layer_bytes(model, s, moe, mode) * in_flight_microbatches(s, stage)
+    return act.layer_bytes(model, s, moe, mode)
 
 
 def nccl_communicators(model: ModelSpec, s: Strategy) -> int:

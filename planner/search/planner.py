@@ -22,9 +22,9 @@ from ..strategy import Strategy, check_structure
 from ..cost import compute as C
 from ..cost.activations import BYTES_16BIT
 from ..cost.comm import collective_time, group_link, p2p_link
-from ..cost.memory import (allocatable_bytes, gradient_comm_bytes, layer_memory_bytes, layer_range_params,
-                           one_layer_params, param_gather_bytes,
-                           stage_fixed_bytes_lower_bound, stage_memory)
+from ..cost.memory import (allocatable_bytes, gradient_comm_bytes, in_flight_microbatches, layer_kept_activation_bytes,
+                           layer_memory_bytes, layer_range_params, layer_state_bytes, one_layer_params,
+                           param_gather_bytes, stage_fixed_bytes_lower_bound, stage_memory)
 from ..placement import data_collectives, placement_of
 from .objective import (MIN_GPU_FRACTION, GpuBudget, check_objective, dominates, figures, memory_figure,
                         usd_per_hour, usd_per_million_tokens)
@@ -1339,11 +1339,15 @@ def _family_may_fit(model, cluster, fam: _Family, zeros, uneven: bool, cache: di
         placement = placement_of(s)
         fixed = [stage_fixed_bytes_lower_bound(model, s, placement, i) for i in points]
         least_per = [float("inf")] * len(points)
+        # layer_memory_bytes split into its rank-independent parts, computed once per kind
+        kept = {kind: layer_kept_activation_bytes(model, s, kind) for kind in model.layer_kinds}
+        flight = [in_flight_microbatches(s, i) for i in points]
         for g in names:
             gpu = cluster.group(g).gpu
             alloc = allocatable_bytes(model, s, gpu)
+            states = {kind: layer_state_bytes(model, s, placement, kind, gpu) for kind in model.layer_kinds}
             for k, i in enumerate(points):
-                per_layer = min(layer_memory_bytes(model, s, placement, i, kind, gpu) for kind in model.layer_kinds)
+                per_layer = min(states[kind] + kept[kind] * flight[k] for kind in model.layer_kinds)
                 least_per[k] = min(least_per[k], per_layer)
                 r = int(max((alloc - fixed[k]) // per_layer, 0))
                 room[i] = max(room[i], r)
