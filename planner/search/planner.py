@@ -1333,6 +1333,10 @@ def _family_may_fit(model, cluster, fam: _Family, zeros, uneven: bool, cache: di
         if i not in (0, p - 1):
             prev = i
     room = dict.fromkeys(points, 0)
+    # with dense and MoE layers, a rank holds at most (room - fixed) / (an MoE layer's bytes)
+    # MoE layers whatever dense layers it also holds: the MoE layers must fit in those rooms too
+    mixed = len(model.layer_kinds) > 1
+    moe_room = dict.fromkeys(points, 0)
     peak = float("inf")
     for z in zeros:
         s = replace(base, zero_stage=z, overlap_param_gather=z >= 1)
@@ -1351,10 +1355,17 @@ def _family_may_fit(model, cluster, fam: _Family, zeros, uneven: bool, cache: di
                 least_per[k] = min(least_per[k], per_layer)
                 r = int(max((alloc - fixed[k]) // per_layer, 0))
                 room[i] = max(room[i], r)
+                if mixed:
+                    per_moe = states[True] + kept[True] * flight[k]
+                    moe_room[i] = max(moe_room[i], int(max((alloc - fixed[k]) // per_moe, 0)))
         peak = min(peak, peak_bytes_lower_bound(fixed, least_per, mult, L, 1, slack))
     # each middle stage up to a point holds at most that point's room
     total = sum(n * min(room[i] + slack, L) for n, i in zip(mult, points))
-    v = cache[key] = (total >= L and room[0] >= 1 and room[p - 1] >= 1, peak)
+    fit = total >= L and room[0] >= 1 and room[p - 1] >= 1
+    if mixed:
+        n_moe = model.num_moe_layers
+        fit = fit and sum(n * min(moe_room[i] + slack, n_moe) for n, i in zip(mult, points)) >= n_moe
+    v = cache[key] = (fit, peak)
     return v
 
 
@@ -1408,13 +1419,18 @@ def _memory_screen(model: ModelSpec, cluster: ClusterSpec, s: Strategy, need_sho
     placement = placement_of(s)
     n_max, fixed, pers = [], [], []
     may_fit = True
+    mixed = len(model.layer_kinds) > 1
+    moe_rooms = 0     # MoE layers all ranks together can hold (whatever dense layers they hold)
     for i in range(s.pp):
         gpu = _stage_gpu(cluster, s, i)
         per = min(layer_memory_bytes(model, s, placement, i, k, gpu) for k in model.layer_kinds)
         fx = stage_fixed_bytes_lower_bound(model, s, placement, i)
         fixed.append(fx)
         pers.append(per)
-        room = (allocatable_bytes(model, s, gpu) - fx) // per
+        alloc = allocatable_bytes(model, s, gpu)
+        if mixed:
+            moe_rooms += int(max((alloc - fx) // layer_memory_bytes(model, s, placement, i, True, gpu), 0)) + s.vpp - 1
+        room = (alloc - fx) // per
         room = int(max(room, 0)) // s.vpp * s.vpp
         if s.recompute_num_layers is None and room >= s.vpp:
             # a rank of n layers, n not a multiple of vpp, keeps at least the activations of
@@ -1423,7 +1439,7 @@ def _memory_screen(model: ModelSpec, cluster: ClusterSpec, s: Strategy, need_sho
         if room < s.vpp:
             may_fit = False
         n_max.append(room)
-    may_fit = may_fit and sum(n_max) >= model.num_layers
+    may_fit = may_fit and sum(n_max) >= model.num_layers and (not mixed or moe_rooms >= model.num_moe_layers)
     short = None
     if not may_fit and need_short:
         short = max(m.total - m.capacity for m in _stage_memories(model, cluster, s))
