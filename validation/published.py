@@ -52,7 +52,11 @@ def rows() -> list[dict]:
                     "planner_top_claims_speedup": e.step_time_s / top.step_time_s if top else None,
                     "planner_top": (f"tp{top.strategy.tp} pp{top.strategy.pp} dp{top.strategy.dp} cp{top.strategy.cp} "
                                     f"ep{top.strategy.ep} vpp{top.strategy.vpp}") if top else None,
-                    "search_status": res.status})
+                    "search_status": res.status,
+                    # the published layout as a Megatron-LM launch: would it fit under this model?
+                    "published_layout_verdict": e.memory_verdict,
+                    "published_layout_peak_gib": e.peak_memory.total / 2**30,
+                    "usable_gib": e.peak_memory.capacity / 2**30})
     return out
 
 
@@ -67,7 +71,9 @@ def main(argv=None) -> None:
     for r in out:
         print(f"{r['run']}: published {r['published']:.0f}, predicted {r['predicted']:.0f} ({r['error_pct']:+.1f}%) "
               f"{r['unit']}; the planner's own #1 ({r['planner_top']}, {r['search_status']}) predicts "
-              f"{r['planner_top_claims_speedup']:.2f}x the published layout's speed")
+              f"{r['planner_top_claims_speedup']:.2f}x the published layout's speed; as a Megatron-LM launch the "
+              f"published layout needs {r['published_layout_peak_gib']:.1f} GiB of {r['usable_gib']:.1f} usable "
+              f"({r['published_layout_verdict']})")
 
 
 if __name__ == "__main__":
