@@ -48,6 +48,10 @@ class Strategy:
     # whole tensor from every TP rank)
     scatter_gather_tensors_in_pipeline: bool = False
     fused_attention: bool = True    # flash/cuDNN fused attention (no s^2 activations)
+    # PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (the planner's launch scripts export it; a
+    # Megatron launch read without it runs PyTorch's default caching allocator, whose fragmentation
+    # widens the memory verdict's margin: cost/memory.py DEFAULT_ALLOCATOR_FRAGMENTATION_SPREAD)
+    expandable_segments: bool = True
     offload_optimizer: bool = False
     optimizer_convention: str = "megatron"
     # ---- training-state dtypes (Megatron: --grad-reduce-in-bf16, --use-precision-aware-optimizer

@@ -143,19 +143,20 @@ def test_check_verdict_has_a_margin(tmp_path):
 
     s = Strategy(tp=8, pp=2, dp=4, micro_batch_size=1, global_batch_size=64, seq_length=4096, recompute="none")
     launch = tmp_path / "l.sh"
-    launch.write_text("torchrun --nnodes 8 --nproc-per-node 8 pretrain_gpt.py --num-layers 80 --hidden-size 8192 "
-                      "--ffn-hidden-size 28672 --num-attention-heads 64 --group-query-attention --num-query-groups 8 "
-                      "--vocab-size 128256 --swiglu --normalization RMSNorm --position-embedding-type rope "
-                      "--untie-embeddings-and-output-weights --disable-bias-linear --attention-dropout 0 "
-                      "--hidden-dropout 0 --tensor-model-parallel-size 8 --pipeline-model-parallel-size 2 "
-                      "--sequence-parallel --micro-batch-size 1 --global-batch-size 64 --seq-length 4096 "
-                      "--max-position-embeddings 8192 --use-distributed-optimizer --bf16\n")
+    flags = ("torchrun --nnodes 8 --nproc-per-node 8 pretrain_gpt.py --num-layers 80 --hidden-size 8192 "
+             "--ffn-hidden-size 28672 --num-attention-heads 64 --group-query-attention --num-query-groups 8 "
+             "--vocab-size 128256 --swiglu --normalization RMSNorm --position-embedding-type rope "
+             "--untie-embeddings-and-output-weights --disable-bias-linear --attention-dropout 0 "
+             "--hidden-dropout 0 --tensor-model-parallel-size 8 --pipeline-model-parallel-size 2 "
+             "--sequence-parallel --micro-batch-size 1 --global-batch-size 64 --seq-length 4096 "
+             "--max-position-embeddings 8192 --use-distributed-optimizer --bf16\n")
     e = estimate(LLAMA, load_cluster_ref("dgx-h100-x8"), s)
     worst = max(e.memory, key=lambda m: m.total)
     u = memory_uncertainty(LLAMA)
     prof = yaml.safe_load(open("hardware_profiles/h100-sxm-80g.yaml"))
 
-    def run(capacity_factor):
+    def run(capacity_factor, expandable=True):
+        launch.write_text(("export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True\n" if expandable else "") + flags)
         cap = worst.total * capacity_factor
         mem = cap * (1 + H100.fragmentation_fraction) + fixed_overhead_bytes(LLAMA, s, H100)
         prof["memory"] = f"{mem / 2**20:.3f} MiB"
@@ -174,3 +175,7 @@ def test_check_verdict_has_a_margin(tmp_path):
         text, doc = run(factor)
         assert text.returncode == rc and doc["verdict"] == verdict, (factor, text.stdout, text.stderr)
         assert word in text.stdout + text.stderr and "uncertainty" in text.stdout + text.stderr
+    # PyTorch's default allocator: the margin adds its fragmentation spread, and TIGHT says how to drop it
+    text, doc = run(1 + 2 * u, expandable=False)
+    assert text.returncode == 0 and doc["verdict"] == "tight" and not doc["expandable_segments"]
+    assert "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True removes that part" in text.stdout

@@ -182,7 +182,7 @@ def test_every_modelled_flag_is_read_and_every_flag_read_is_modelled():
     read = set(re.findall(r'"(\w+)"', src)) & set(t.by_dest)
     modelled = {f.dest for f in t.flags if f.cost in ("model", "strategy")}
     assert modelled - read == set()
-    told_only = {"tokenizer_type", "tokenizer_model", "hybrid_layer_pattern", "is_hybrid_model"}
+    told_only = {"tokenizer_type", "tokenizer_model", "merge_file", "vocab_file", "hybrid_layer_pattern", "is_hybrid_model"}
     assert {d for d in read if d in t.by_dest} - modelled - told_only == set()
 
 
@@ -420,3 +420,69 @@ def test_shell_syntax_the_reader_refuses_is_one_line(tmp_path):
 def test_invalid_strategy_raised_for_model_args():
     with pytest.raises(InvalidStrategy):
         _flags("--num-experts 8 --moe-router-topk 9")
+
+
+def test_a_2023_style_script_of_quoted_flag_strings_with_the_gpt2_bpe_files():
+    """Flags in quoted strings, $((...)) arithmetic and module/conda lines, as user scripts of the
+    Megatron-LM 2023 era write them; --vocab-file with --merge-file is GPT-2's BPE: 50,257 tokens."""
+    L = parse_file(FIX / "train_strings_2023.sh", env={})
+    s, m = L.strategy, L.model
+    assert L.world_size == 2 and (s.tp, s.pp, s.dp) == (1, 1, 2)
+    assert (m.num_layers, m.hidden_size, m.num_attention_heads, m.vocab_size) == (24, 1024, 16, 50257)
+    assert s.precision == "fp16" and s.zero_stage == 1 and s.micro_batch_size == 2 and s.num_microbatches == 8
+    assert any("stock GPT-2 BPE" in n and "gpt2-vocab.json" in n for n in L.notes)
+    # an explicit --vocab-size wins over the assumption
+    assert parse_words((BASE + " --merge-file m.txt --vocab-file v.json").split(), "t", world_size=8).model.vocab_size == 32000
+    assert parse_words((BASE.replace("--vocab-size 32000", "--tokenizer-type GPT2BPETokenizer")).split(), "t",
+                       world_size=8).model.vocab_size == 50257
+
+
+def test_gpus_without_fused_attention_kernels_are_priced_unfused(tmp_path):
+    """V100 (sm70) has neither FlashAttention-2 nor cuDNN fused attention: `auto` runs the unfused
+    softmax, which keeps the s x s scores (Korthikanti's 5 a s^2 b term); an A100 runs fused."""
+    from dataclasses import replace
+    from planner.estimate import estimate
+    from planner.specs.cluster import cluster_from_dict
+
+    def one(gpu):
+        return cluster_from_dict({"name": gpu, "node_groups": [{"name": "n", "nodes": 1, "gpus_per_node": 2, "gpu": gpu,
+                                                                "nics_per_node": 1, "nic_bandwidth": "100 Gb/s"}]}, "t")
+    L = parse_file(FIX / "train_strings_2023.sh", env={})
+    v100, a100 = one("v100-sxm2-32g"), one("a100-sxm-40g")
+    assert L.strategy.fused_attention
+    on_v100 = estimate(L.model, v100, L.strategy)
+    unfused = estimate(L.model, v100, replace(L.strategy, fused_attention=False))
+    assert on_v100.memory[0].total == unfused.memory[0].total and on_v100.step_time_s == unfused.step_time_s
+    # unfused keeps Korthikanti's 5 a s^2 b bytes per layer (softmax out 2, dropout mask 1, dropout
+    # out 2; --attention-dropout defaults to 0.1) where fused keeps the fp32 log-sum-exp, 4 a s b
+    fused_a100 = estimate(L.model, a100, L.strategy).memory[0].activations
+    unfused_a100 = estimate(L.model, a100, replace(L.strategy, fused_attention=False)).memory[0].activations
+    seq, b, a = 2048, 2, 16
+    assert unfused_a100 - fused_a100 == 24 * (5 * a * seq * seq * b - 4 * a * seq * b)
+    assert on_v100.memory[0].activations == unfused_a100
+    cluster = tmp_path / "v100.yaml"
+    cluster.write_text("name: v\nnode_groups:\n  - {name: n, nodes: 1, gpus_per_node: 2, gpu: v100-sxm2-32g, "
+                       "nics_per_node: 1, nic_bandwidth: 100 Gb/s}\n")
+    r = _cli("check", "--cluster", str(cluster), "--megatron-args", str(FIX / "train_strings_2023.sh"))
+    assert "no fused attention kernels below sm80" in r.stdout + r.stderr, r.stdout + r.stderr
+
+
+@pytest.mark.parametrize("script,env,on", [
+    ("export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True\n", {}, True),
+    ("export PYTORCH_ALLOC_CONF='max_split_size_mb:128,expandable_segments:True'\n", {}, True),
+    ("", {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}, True),         # the job's environment / --set
+    ("export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:False\n", {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}, False),
+    ("PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True\n", {}, False),          # set but not exported: not the job's
+    ("", {}, False),
+])
+def test_the_allocator_setting_the_training_process_gets(script, env, on):
+    text = script + "torchrun --nproc-per-node 8 pretrain_gpt.py " + BASE
+    L = parse_text(text, "t.sh", env=env)
+    assert L.strategy.expandable_segments is on
+    assert any(n.startswith("allocator: " + ("expandable segments" if on else "PyTorch's default")) for n in L.notes)
+
+
+def test_the_allocator_setting_on_the_launch_command():
+    L = parse_text("PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True torchrun --nproc-per-node 8 pretrain_gpt.py "
+                   + BASE, "t.sh", env={})
+    assert L.strategy.expandable_segments

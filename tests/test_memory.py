@@ -206,3 +206,21 @@ def test_interleaved_warmup_and_live_microbatches_follow_megatron_schedule():
     # F c0 x4, c1 x4, c0 mb4-5 | F c0 mb6 [7,4] B c1 mb0 [7,3] F c0 mb7 [8,3] ...: with chunk 0
     # twice as heavy the peak is 8 x 2 + 3 = 19, not the count peak's 7 x 2 + 4 = 18
     assert _peak_live_chunks(4, 2, 8, 0, 10, (2.0, 1.0)) == 19.0
+
+
+def test_the_default_allocator_widens_the_verdict_margin_by_its_fragmentation_spread():
+    """Without expandable segments the margin grows by GMLake's measured fragmentation excess of the
+    default caching allocator (15% of reserved on average, ASPLOS 2024) = 0.15 / 0.85 of the
+    allocated bytes; the bytes themselves and the fits test do not change."""
+    from dataclasses import replace as _replace
+    from planner.estimate import estimate
+    from planner.library import load_cluster_ref, load_model_ref
+    from planner.strategy import Strategy
+    m, c = load_model_ref("llama3-8b"), load_cluster_ref("dgx-h100-x8")
+    s = Strategy(tp=2, pp=2, dp=16, micro_batch_size=1, global_batch_size=64, seq_length=8192,
+                 sequence_parallel=True, zero_stage=1, precision="bf16")
+    on = estimate(m, c, s).memory
+    off = estimate(m, c, _replace(s, expandable_segments=False)).memory
+    for a, b in zip(on, off):
+        assert a.total == b.total and a.capacity == b.capacity and a.fits == b.fits
+        assert b.margin_bytes - a.margin_bytes == pytest.approx(a.total * 0.15 / 0.85, rel=1e-12)

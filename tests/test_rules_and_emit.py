@@ -7,7 +7,7 @@ import pytest
 import yaml
 
 from planner.megatron.emit import checked_args, layout_string
-from planner.megatron.launch import parse_text, parse_words
+from planner.megatron.launch import parse_file, parse_text, parse_words
 from planner.megatron.rules import megatron_violations
 from planner.megatron.shell import tokenize
 from planner.errors import SpecError
@@ -126,6 +126,10 @@ def test_emitted_launch_files_pass_the_gate_as_written(tmp_path):
         r = _cli("check", "--cluster", "dgx-h100-x16", "--megatron-args", str(out / "plan-1" / name), "--json", env=env)
         assert r.returncode == 0, (name, r.stdout, r.stderr)
         assert json.loads(r.stdout)["fits"] is True
+    # the script exports the allocator setting the plan's memory verdict assumes, and reads back so
+    script = out / "plan-1" / "launch.sh"
+    assert "export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True" in script.read_text()
+    assert parse_file(script, env={"MASTER_ADDR": "h", "NODE_RANK": "0"}).strategy.expandable_segments
 
 
 def test_shell_defaults_and_assignments_in_launch_scripts():

@@ -37,3 +37,16 @@ def test_measured_memory_peaks_within_the_stated_uncertainty():
         assert abs(r["measured_bytes"] - r["predicted_last_stage_bytes"]) <= margin, r
     big = [r for r in rows if "-7b-" in r["id"]]
     assert len(big) == 4 and all(abs(r["error_pct"]) < 3.0 for r in big)
+
+
+def test_runs_with_a_known_outcome_get_the_gate_verdict_they_earned():
+    """Public runs that trained are not refused; runs that ran out of memory are not passed as FITS.
+    The Llama-3-70B SFT launch OOMed in 30-60% of runs with PyTorch's default allocator and passed
+    with expandable segments (Megatron-Bridge PR 3107): TIGHT, then FITS. GPT-2 774M on one V100
+    (Megatron-LM issue 525) needs more than the device: DOES NOT FIT."""
+    rows = {r["id"]: r for r in memory.outcome_rows()}
+    assert len(rows) == 6 and all("error" not in r and not r["violations"] for r in rows.values())
+    assert all(r["agrees"] for r in rows.values()), [(k, r["verdict"]) for k, r in rows.items() if not r["agrees"]]
+    assert rows["mbridge-llama3-70b-sft-fp8cs-tp4pp4vpp5-noexpseg-h100"]["verdict"] == "tight"
+    assert rows["mbridge-llama3-70b-sft-fp8cs-tp4pp4vpp5-expseg-h100"]["verdict"] == "fits"
+    assert rows["mlm-issue-525-gpt2-774m-v100-oom"]["verdict"] == "does not fit"

@@ -9,7 +9,8 @@ launch reader `planner check` uses, on a cluster of DGX nodes: 8 GPUs on NVLink,
 InfiniBand (ConnectX-7) per node. Step time measured = global batch x sequence / (tokens/s/GPU
 x GPUs). Printed per row: measured and predicted step seconds, the error, the predicted peak
 memory of the most loaded stage as the device would show it against the device's memory, and
-the gate's verdict; then the MAPE per system. Every one of these configurations ran, so any
+the gate's verdict (fits, tight or DOES NOT FIT; none of these launches sets expandable
+segments, so the margin includes the default allocator's fragmentation); then the MAPE per system. Every one of these configurations ran, so any
 verdict other than fits is a finding. `--as-published` uses the table's layout where it differs
 from the recipe.
 """
@@ -68,7 +69,7 @@ def rows(as_published: bool = False) -> list[dict]:
         peak = max(e.memory, key=lambda m: m.device_total / m.device_bytes)
         rec.update(predicted_s=e.step_time_s, error_pct=100 * (e.step_time_s - measured) / measured,
                    peak_device_bytes=peak.device_total, device_bytes=peak.device_bytes, fits=e.fits,
-                   stage=peak.stage)
+                   verdict=e.memory_verdict, stage=peak.stage)
         out.append(rec)
     return out
 
@@ -89,6 +90,7 @@ def main(argv=None) -> None:
                            "dense_mape_pct": sum(dense) / len(dense) if dense else None, "dense_rows": len(dense),
                            "moe_mape_pct": sum(moe) / len(moe) if moe else None, "moe_rows": len(moe),
                            "judged_to_fit": sum(r["fits"] for r in mine if "fits" in r),
+                           "tight": sum(r.get("verdict") == "tight" for r in mine),
                            "unreadable": sum(1 for r in mine if "error" in r)}
     if a.json:
         print(json.dumps({"rows": out, "summary": summary}, indent=2))
@@ -100,13 +102,13 @@ def main(argv=None) -> None:
             continue
         mem = f"{r['peak_device_bytes'] / GIB:6.1f} / {r['device_bytes'] / GIB:6.1f}"
         print(f"{r['id']:50s} {r['measured_s']:9.3f} {r['predicted_s']:9.3f} {r['error_pct']:+6.1f}% {mem:>18s} "
-              f"{'fits' if r['fits'] else 'DOES NOT FIT'} (stage {r['stage']})")
+              f"{r['verdict'] if r['verdict'] != 'does not fit' else 'DOES NOT FIT'} (stage {r['stage']})")
     for system, s in summary.items():
         def pct(x):
             return f"{x:.1f}%" if x is not None else "-"
         print(f"{system}: step-time MAPE {pct(s['mape_pct'])} over {s['rows']} rows (dense {pct(s['dense_mape_pct'])} "
               f"over {s['dense_rows']}, MoE {pct(s['moe_mape_pct'])} over {s['moe_rows']}); {s['judged_to_fit']} of "
-              f"{s['rows']} judged to fit (all ran); {s['unreadable']} unreadable")
+              f"{s['rows']} judged to fit (all ran; {s['tight']} of them TIGHT); {s['unreadable']} unreadable")
 
 
 if __name__ == "__main__":

@@ -33,7 +33,7 @@ from planner.specs.cluster import cluster_from_dict  # noqa: E402
 DATA = ROOT / "validation" / "data"
 GIB = 2**30
 GPUS = {"H100": "h100-sxm-80g", "A100": "a100-sxm-80g", "V100": "v100-sxm2-32g"}
-GPT2_BPE_VOCAB = 50257   # the stock GPT-2 vocab.json (Radford et al. 2019; HF gpt2 config vocab_size)
+from planner.megatron.launch import GPT2_BPE_VOCAB_SIZE as GPT2_BPE_VOCAB  # noqa: E402
 
 
 def _gpu(text: str) -> str | None:
@@ -100,6 +100,46 @@ def rows() -> list[dict]:
     return out
 
 
+def outcome_rows() -> list[dict]:
+    """validation/data/megatron_memory_outcomes.yaml: each launch through the reader, Megatron's
+    rules and the estimate `planner check` uses; its verdict beside the run's outcome."""
+    from planner.megatron.launch import parse_text
+    from planner.megatron.rules import megatron_violations
+    out = []
+    for run in yaml.safe_load(open(DATA / "megatron_memory_outcomes.yaml"))["runs"]:
+        rec = {"id": run["id"], "outcome": run["outcome"], "gpu": run["gpu"]}
+        try:
+            launch = parse_text(run["launch"], run["id"], env=run.get("env") or {})
+            world = launch.world_size
+            gpn = min(run["gpus_per_node"], world)
+            cluster = cluster_from_dict({"name": run["id"], "node_groups": [
+                {"name": "n", "nodes": max(1, world // gpn), "gpus_per_node": gpn, "gpu": run["gpu"],
+                 "nics_per_node": 8, "nic_bandwidth": "400 Gb/s"}]}, "validation/memory.py")
+            rec["violations"] = [str(v) for v in megatron_violations(launch, launch.model)]
+            e = estimate(launch.model, cluster, launch.strategy)
+        except Exception as exc:   # reported, not hidden
+            rec["error"] = f"{type(exc).__name__}: {exc}"
+            out.append(rec)
+            continue
+        worst = max(e.memory, key=lambda m: m.total - m.capacity)
+        rec.update(verdict=e.memory_verdict, stage=worst.stage, needed_bytes=worst.total, usable_bytes=worst.capacity,
+                   margin_bytes=worst.margin_bytes,
+                   agrees=(e.memory_verdict != "fits") if run["outcome"] == "oom" else (e.memory_verdict != "does not fit"))
+        out.append(rec)
+    return out
+
+
+def outcome_summary(ci: list[dict], outcomes: list[dict]) -> dict:
+    """Runs that trained (the CI runs and the outcome runs that ran) judged not DOES NOT FIT, and
+    runs that ran out of memory judged FITS (the gate would have passed them without a warning)."""
+    ran = [r.get("fits") for r in ci if "error" not in r] + [r["verdict"] != "does not fit" for r in outcomes
+                                                             if r["outcome"] == "ran" and "verdict" in r]
+    ooms = [r for r in outcomes if r["outcome"] == "oom" and "verdict" in r]
+    return {"ran": len(ran), "ran_judged_to_fit": sum(ran), "oom": len(ooms),
+            "oom_judged_fits": sum(r["verdict"] == "fits" for r in ooms),
+            "unpriced": sum("error" in r for r in ci + outcomes)}
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", action="store_true")
@@ -109,8 +149,10 @@ def main(argv=None) -> None:
     summary = {"runs": len(out), "compared": len(errs),
                "mean_abs_error_pct": sum(abs(x) for x in errs) / len(errs) if errs else None,
                "worst_under_pct": errs[0] if errs else None, "worst_over_pct": errs[-1] if errs else None}
+    outcomes = outcome_rows()
+    summary["outcomes"] = outcome_summary(out, outcomes)
     if a.json:
-        print(json.dumps({"rows": out, "summary": summary}, indent=2))
+        print(json.dumps({"rows": out, "outcome_rows": outcomes, "summary": summary}, indent=2))
         return
     print(f"{'run':52s} {'measured GiB':>12s} {'predicted':>10s} {'error':>7s}  verdict / outcome")
     for r in out:
@@ -124,6 +166,21 @@ def main(argv=None) -> None:
     if errs:
         print(f"last-stage allocated peak: mean |error| {summary['mean_abs_error_pct']:.1f}% over {len(errs)} runs, "
               f"from {errs[0]:+.1f}% to {errs[-1]:+.1f}%")
+
+    print()
+    print(f"{'run (outcome known)':52s} {'outcome':>7s} {'needed GiB':>10s} {'usable':>7s}  gate verdict")
+    for r in outcomes:
+        if "error" in r:
+            print(f"{r['id']:52s} {r['outcome']:>7s} cannot price: {r['error']}")
+            continue
+        rules = f"; breaks {len(r['violations'])} rule(s)" if r["violations"] else ""
+        print(f"{r['id']:52s} {r['outcome']:>7s} {r['needed_bytes'] / GIB:10.1f} {r['usable_bytes'] / GIB:7.1f}  "
+              f"{r['verdict'].upper()} (stage {r['stage']}, margin {r['margin_bytes'] / GIB:.1f} GiB)"
+              f"{'' if r['agrees'] else '  <- disagrees with the outcome'}{rules}")
+    o = summary["outcomes"]
+    print(f"runs that trained judged to fit (FITS or TIGHT): {o['ran_judged_to_fit']} of {o['ran']}; "
+          f"runs that ran out of memory judged FITS: {o['oom_judged_fits']} of {o['oom']}; "
+          f"unpriced: {o['unpriced']} (NVIDIA's published Megatron-Bridge runs: python validation/bridge.py)")
 
 
 if __name__ == "__main__":

@@ -19,6 +19,9 @@ statistics 4 bytes (fp32).
 
 from __future__ import annotations
 
+from dataclasses import replace
+
+from ..specs.hardware import GPUProfile
 from ..specs.model import ModelSpec
 from ..strategy import Strategy
 
@@ -30,6 +33,18 @@ BYTES_INT32 = 4
 # MXFP8 and blockwise fp8 add scales: one E8M0 byte per 32 elements (MXFP8), one fp32 per 128
 # (blockwise 1x128) = 1/32 byte per element either way (TE float8 blockwise / mxfp8 storage)
 FP8_SCALE_BYTES_PER_ELEMENT = {"mxfp8": 1 / 32, "blockwise": 4 / 128}
+# Fused attention kernels need sm80 or newer: FlashAttention-2 builds for compute capability 8.0+
+# (its README: Ampere, Ada, Hopper), TE's cuDNN FusedAttention requires sm_arch >= 80
+# (transformer_engine/common/fused_attn/fused_attn.cpp, nvte_get_fused_attn_backend). On older
+# GPUs (V100, sm70) --attention-backend auto falls back to the unfused softmax path.
+FUSED_ATTENTION_MIN_COMPUTE_CAPABILITY = 8.0
+
+
+def attention_on_gpu(s: Strategy, gpu: GPUProfile) -> Strategy:
+    """The strategy as it runs on `gpu`: fused attention only where the GPU has the kernels."""
+    if s.fused_attention and gpu.compute_capability < FUSED_ATTENTION_MIN_COMPUTE_CAPABILITY:
+        return replace(s, fused_attention=False)
+    return s
 
 
 def _dims(model: ModelSpec, s: Strategy):

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from ..specs.hardware import GPUProfile
 from ..specs.model import ModelSpec
 from ..strategy import Strategy
-from .activations import expert_tokens_per_rank
+from .activations import attention_on_gpu, expert_tokens_per_rank
 
 BYTES_16BIT = 2
 # Flash-attention backward does 5 matmuls to the forward's 2 (it recomputes P): 2.5x forward FLOPs
@@ -218,6 +218,7 @@ def cuda_graph_parts(s: Strategy, moe: bool) -> set | None:
 
 
 def layer_time(model: ModelSpec, s: Strategy, gpu: GPUProfile, moe: bool) -> LayerTime:
+    s = attention_on_gpu(s, gpu)
     dt = gemm_dtype(s, gpu)
     fp8 = dt == "fp8"
     cs = fp8 and s.fp8_recipe != "delayed"

@@ -149,6 +149,15 @@ def load_launch(path: str, cluster, model_ref, world_size=None, settings: dict |
         placement = (f"{cluster.name} has node groups {', '.join(names)} and the launch does not say which hosts each "
                      f"stage (no '# planner: stage-node-groups=' header): priced with the stages filling them in "
                      "that order")
+    if launch.strategy.fused_attention:
+        from ..cost.activations import FUSED_ATTENTION_MIN_COMPUTE_CAPABILITY as sm_min
+        old = sorted({g.gpu.name for g in cluster.node_groups if g.gpu.compute_capability < sm_min})
+        if old:
+            notes.append(f"attention on {', '.join(old)}: no fused attention kernels below sm{sm_min * 10:.0f} "
+                         "(FlashAttention-2, cuDNN): priced unfused, the s x s scores kept"
+                         + ("; an explicit --attention-backend " + launch.raw["attention_backend"]
+                            + " fails there at run time" if launch.raw.get("attention_backend") in ("flash", "fused")
+                            else ""))
     launch = replace(launch, notes=tuple(notes))
     model = given_model or launch.model
     return LoadedLaunch(launch, model, launch.strategy, placement)
@@ -267,6 +276,8 @@ def run_check(cluster_ref, megatron_args, plan_file, model_ref, world_size, as_j
     result["mfu_basis"] = e.mfu_basis
     result["model_tflops_per_gpu"] = e.model_tflops_per_gpu
     result["memory_uncertainty_fraction"] = e.memory[0].uncertainty
+    result["expandable_segments"] = strategy.expandable_segments
+    result["allocator_fragmentation_spread_fraction"] = e.memory[0].allocator_spread
     for m in e.memory:
         result["stages"].append({"stage": m.stage, "node_group": m.node_group, "needed_bytes": m.total,
                                  "usable_bytes": m.capacity, "headroom_bytes": m.headroom, "fits": m.fits,
@@ -291,8 +302,10 @@ def run_check(cluster_ref, megatron_args, plan_file, model_ref, world_size, as_j
     heads = ", ".join(f"stage {m.stage}: {m.headroom / GIB:.1f} GiB" for m in e.memory)
     tail = (f"step {e.step_time_s:.3f} s, {e.model_tflops_per_gpu:.0f} model TFLOP/s/GPU, {e.mfu_label}")
     if e.memory_verdict == "tight":
+        allocator = (f", and {worst.allocator_spread * 100:.0f}% for the default caching allocator's fragmentation: "
+                     "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True removes that part" if worst.allocator_spread else "")
         msg = (f"stage {worst.stage} fits by {worst.headroom / GIB:.1f} GiB, less than the model's margin of "
-               f"{worst.margin_bytes / GIB:.1f} GiB ({unc}): it may run out of memory")
+               f"{worst.margin_bytes / GIB:.1f} GiB ({unc}{allocator}): it may run out of memory")
         _annotate("warning", f"tight: {msg}", src)
         if not as_json:
             console.print(f"TIGHT {src}: valid; {msg}; headroom per stage: {heads}; {tail}", markup=False)

@@ -23,6 +23,8 @@ from .layout import LayoutError, parse_layout, rank_sums, split_chunk_layers
 from .shell import flag_words, is_flags_text, read_script, sbatch_options
 
 MAX_LAUNCH_BYTES = 1_000_000
+# entries in the stock GPT-2 BPE vocab.json / gpt2-vocab.json (Radford et al. 2019; HF gpt2 config vocab_size)
+GPT2_BPE_VOCAB_SIZE = 50257
 # Megatron's defaults that differ from the planner's own Strategy defaults (arguments.py /
 # transformer_config.py at the table's commit): read from the table, named here for clarity
 ATTENTION_BACKEND_FUSED = {"flash": True, "fused": True, "auto": True, "unfused": False, "local": False}
@@ -32,6 +34,9 @@ _PYTHON = re.compile(r"python(\d+(\.\d+)?)?$")
 _TORCHRUN_FLAGS = {"--standalone", "--no-python", "--no_python", "-m", "--module", "--run-path", "--run_path"}
 _WRAPPERS_SCAN = {"nsys", "numactl", "uv", "env", "exec", "time", "nohup", "taskset", "stdbuf", "ncu", "apptainer",
                   "singularity", "docker", "enroot", "mpirun", "mpiexec"}
+# The caching allocator's settings; PyTorch reads PYTORCH_ALLOC_CONF first, then the older name
+# (c10/core/AllocatorConfig.cpp). "expandable_segments:True" maps memory into growing segments.
+ALLOC_CONF_VARS = ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF")
 _ENTRY_HINT = re.compile(r"^(pretrain|train|finetune)")
 GPT_ENTRIES = ("pretrain_gpt.py",)
 # Megatron-LM entry scripts of models the planner does not price (encoder-decoder, BERT, Mamba)
@@ -90,6 +95,7 @@ class _Found:
     world: int | None = None
     world_from: str = ""
     notes: list = field(default_factory=list)
+    prefix_env: dict = field(default_factory=dict)   # NAME=value words before the launch command
 
 
 def _basename(w: Word) -> str:
@@ -202,7 +208,7 @@ def find_launch(text: str, source: str, env: dict, base_dir: Path | None, args: 
     penv.update({k: v for k, v in res.variables.items() if isinstance(v, str)})
     penv.update({k: v for k, v in c.env.items() if isinstance(v, str)})
     f = _Found(args=c.words[i + 1:], launcher=c.words[:i], entry=_basename(c.words[i]), line=c.line,
-               wrappers=c.wrappers, env=penv)
+               wrappers=c.wrappers, env=penv, prefix_env={k: v for k, v in c.env.items() if isinstance(v, str)})
     if len(cands) > 1:
         f.notes.append(f"{len(cands)} commands run a Python script; read the training launch at line {c.line}")
     _world_from_launcher(f, res.sbatch)
@@ -311,7 +317,13 @@ def from_flags(pf: ParsedFlags, source: str, name: str, world: int | None = None
     else:
         tok, tmodel = val("tokenizer_type"), val("tokenizer_model")
         bundled = _bundled_for_tokenizer(tok, tmodel)
-        if bundled is not None:
+        if tok == "GPT2BPETokenizer" or (tok is None and val("merge_file")):
+            # the only tokenizer that takes --vocab-file with --merge-file is GPT-2's byte-level
+            # BPE, and the files every Megatron GPT example downloads are the stock ones
+            m["vocab_size"] = GPT2_BPE_VOCAB_SIZE
+            notes.append(f"vocabulary {GPT2_BPE_VOCAB_SIZE}: the stock GPT-2 BPE files (--vocab-file "
+                         f"{val('vocab_file') or '?'}); add --vocab-size if yours differ")
+        elif bundled is not None:
             m["vocab_size"] = bundled.vocab_size
             notes.append(f"vocabulary {bundled.vocab_size} from bundled model {bundled.name} "
                          f"(--tokenizer-model {tmodel}; no --vocab-size)")
@@ -428,7 +440,8 @@ def _strategy(v: dict, val, model: ModelSpec, world: int | None, source: str):
         fused = False
         notes.append("--transformer-impl local: Megatron-Core's DotProductAttention keeps the s x s scores (unfused)")
     elif "attention_backend" not in v:
-        notes.append("attention backend: Megatron's default auto, priced as fused (no s x s scores)")
+        notes.append("attention backend: Megatron's default auto, priced as fused (no s x s scores) on GPUs "
+                     "with fused kernels (sm80+)")
     if v.get("use_flash_attn"):
         notes.append("--use-flash-attn has no effect in Megatron-Core: --attention-backend decides")
     if val("transformer_impl") == "inference_optimized":
@@ -564,7 +577,7 @@ def parse_text(text: str, source: str, env: dict | None = None, default_world_si
     if is_flags_text(text):
         pf = parse_flags(flag_words(text, source, env))
         launch = from_flags(pf, source, name, default_world_size=default_world_size, vocab_model=vocab_model)
-        return _with_stage_groups(launch, text, source)
+        return _with_stage_groups(_with_allocator(launch, {}, env), text, source)
     found, res = find_launch(text, source, env, base_dir, args, settings)
     notes = list(res.notes)
     script_env = {k: (v if isinstance(v, str) else None) for k, v in res.exported.items()
@@ -587,6 +600,7 @@ def parse_text(text: str, source: str, env: dict | None = None, default_world_si
         # a NAME=value prefix on the launch command is the training process's environment too
         cmd_env = {k: x for k, x in found.env.items() if k in ("CUDA_DEVICE_MAX_CONNECTIONS",) and k not in script_env}
         script_env.update(cmd_env)
+        script_env.update({k: x for k, x in found.prefix_env.items() if k in ALLOC_CONF_VARS})
         pf = parse_flags(found.args)
         launch = from_flags(pf, source, name, world=found.world, world_from=found.world_from,
                             default_world_size=default_world_size, vocab_model=vocab_model, notes=notes,
@@ -594,7 +608,31 @@ def parse_text(text: str, source: str, env: dict | None = None, default_world_si
         if found.entry not in ("pretrain_gpt.py",):
             launch = replace(launch, notes=launch.notes + (f"entry script {found.entry}: the planner prices "
                                                            "pretrain_gpt.py's decoder-only GPT",))
+    launch = _with_allocator(launch, script_env, env)
     return _with_stage_groups(launch, text, source)
+
+
+def _with_allocator(launch: MegatronLaunch, script_env: dict, env: dict) -> MegatronLaunch:
+    """expandable_segments from the allocator setting the training process gets: what the script
+    exports (or sets on the launch command), else the environment it starts with (--set)."""
+    where, conf = None, None
+    for scope, d in (("the script", script_env), ("the environment", env)):
+        for var in ALLOC_CONF_VARS:
+            if var in d:
+                where, conf = f"{var} from {scope}", d[var]
+                break
+        if where:
+            break
+    opts = dict(kv.split(":", 1) for kv in (conf or "").replace(" ", "").split(",") if ":" in kv)
+    on = opts.get("expandable_segments", "").lower() == "true"
+    if on:
+        note = f"allocator: expandable segments ({where})"
+    else:
+        from ..cost.memory import DEFAULT_ALLOCATOR_FRAGMENTATION_SPREAD as spread
+        note = (f"allocator: PyTorch's default caching allocator (no PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"
+                f"{'; ' + where + ' is ' + repr(conf) if where else ''}): the memory verdict's margin adds "
+                f"{spread * 100:.0f}% for its fragmentation")
+    return replace(launch, strategy=replace(launch.strategy, expandable_segments=on), notes=launch.notes + (note,))
 
 
 def _with_stage_groups(launch: MegatronLaunch, text: str, source: str) -> MegatronLaunch:
