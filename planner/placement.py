@@ -99,7 +99,10 @@ class Placement:
 
     def state_params(self, state: str, params) -> float:
         """Parameters' worth of `state` one rank holds in GPU memory, from a StageParams-like."""
-        return sum(getattr(params, g) * self.shard_factor(state, g) for g in GROUPS)
+        f = self._factors.get(state)    # the search asks this millions of times: one tuple per state
+        if f is None:
+            f = self._factors[state] = tuple(self.shard_factor(state, g) for g in GROUPS)
+        return params.dense * f[0] + params.norms * f[1] + params.experts * f[2]
 
     def host_factor(self, state: str, group: str) -> float:
         """Fraction of a stage's bytes of a state that one rank keeps in host memory."""
@@ -146,7 +149,7 @@ def placement_of(s: Strategy) -> Placement:
                        ("etp", s.expert_tp), ("edp", s.expert_dp)), s.optimizer_offload_fraction)
 
 
-@lru_cache(maxsize=4096)   # the search builds the same few tables many times
+@lru_cache(maxsize=4096)   # the search builds the same few thousand tables many times
 def _placement(z: int, offload_optimizer: bool, sp: bool, recompute: str, sizes: tuple,
                offload_fraction: float = 1.0) -> Placement:
     R, S, G, M, O = Mode.REPLICATED, Mode.SHARDED, Mode.SHARDED_GATHER, Mode.MATERIALIZED, Mode.OFFLOADED

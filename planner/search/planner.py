@@ -1338,13 +1338,16 @@ def _family_may_fit(model, cluster, fam: _Family, zeros, uneven: bool, cache: di
     mixed = len(model.layer_kinds) > 1
     moe_room = dict.fromkeys(points, 0)
     peak = float("inf")
+    # a layer's kept activations do not depend on the ZeRO stage: once per kind
+    kept = {kind: layer_kept_activation_bytes(model, base, kind) for kind in model.layer_kinds}
     for z in zeros:
         s = replace(base, zero_stage=z, overlap_param_gather=z >= 1)
         placement = placement_of(s)
-        fixed = [stage_fixed_bytes_lower_bound(model, s, placement, i) for i in points]
+        # the bound depends on the rank only through first / last: one value for all middle ranks
+        ends = {i: stage_fixed_bytes_lower_bound(model, s, placement, i) for i in {0, p - 1}}
+        mid = stage_fixed_bytes_lower_bound(model, s, placement, points[1]) if len(points) > 2 else 0.0
+        fixed = [ends.get(i, mid) for i in points]
         least_per = [float("inf")] * len(points)
-        # layer_memory_bytes split into its rank-independent parts, computed once per kind
-        kept = {kind: layer_kept_activation_bytes(model, s, kind) for kind in model.layer_kinds}
         flight = [in_flight_microbatches(s, i) for i in points]
         for g in names:
             gpu = cluster.group(g).gpu
@@ -1380,7 +1383,9 @@ def _stage_memories(model, cluster, s: Strategy) -> list:
 
 
 def _fits_exactly(model, cluster, s: Strategy) -> bool:
-    return all(m.fits for m in _stage_memories(model, cluster, s))
+    # the first pipeline rank keeps the most micro-batches in flight: try it first, stop at a miss
+    placement = placement_of(s)
+    return all(stage_memory(model, s, placement, i, _stage_gpu(cluster, s, i)).fits for i in range(s.pp))
 
 
 def _least_block_recompute(model, cluster, s: Strategy, k_max: int):
