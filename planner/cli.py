@@ -737,6 +737,37 @@ def _error_line(text: str) -> None:
     sys.stderr.flush()
 
 
+class _PipeTolerant:
+    """A standard stream whose reader may go away (`planner check ... | head`): the rest of the
+    output goes to /dev/null, so the exit code stays the verdict's (click would exit 1 on EPIPE,
+    which a CI gate reads as DOES NOT FIT)."""
+
+    def __init__(self, stream):
+        self._stream = stream
+
+    def _drop(self) -> None:
+        try:   # Python's documented remedy: point the descriptor at /dev/null
+            os.dup2(os.open(os.devnull, os.O_WRONLY), self._stream.fileno())
+        except (OSError, ValueError):
+            pass
+
+    def write(self, text):
+        try:
+            return self._stream.write(text)
+        except BrokenPipeError:
+            self._drop()
+            return len(text)
+
+    def flush(self):
+        try:
+            self._stream.flush()
+        except BrokenPipeError:
+            self._drop()
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
+
+
 def _tolerant_streams() -> None:
     # a non-UTF-8 locale (LC_ALL=C with PYTHONUTF8=0, PYTHONIOENCODING=ascii) must not turn a
     # verdict with a non-ASCII file name into a UnicodeEncodeError: unencodable characters are
@@ -746,6 +777,7 @@ def _tolerant_streams() -> None:
             stream.reconfigure(errors="backslashreplace")
         except (AttributeError, ValueError, OSError):
             pass
+    sys.stdout, sys.stderr = _PipeTolerant(sys.stdout), _PipeTolerant(sys.stderr)
 
 
 def main() -> None:

@@ -7,6 +7,8 @@ characters in names, the terminal environment, PLANNER_DATA_DIR, sequence parall
 import json
 import os
 import shutil
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -288,3 +290,19 @@ def test_zero_worlds_are_refused(tmp_path):
                  ["estimate", "--cluster", "dgx-h100-x8", "--megatron-args", str(ok), "--world-size", "-2"]):
         r = run(args)
         assert r.returncode == 2 and "world" in one_error_line(r.stderr).lower(), (args, r.stderr)
+
+
+def test_a_reader_that_goes_away_does_not_change_the_verdict_code(tmp_path):
+    """`planner check ... | head`: when stdout's reader has closed before the verdict is written,
+    the exit code is still the verdict's (click's EPIPE handling would make a FITS launch exit 1)."""
+    import subprocess
+    fixture = Path(__file__).parent / "fixtures" / "train_arrays.sh"
+    big = tmp_path / "big.sh"
+    big.write_text(fixture.read_text().replace("--micro-batch-size 1", "--micro-batch-size 16"))
+    for launch, rc in ((fixture, 0), (big, 1)):
+        p = subprocess.Popen([sys.executable, "-m", "planner.cli", "check", "--cluster", "dgx-h100-x16",
+                              "--megatron-args", str(launch)], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        p.stdout.close()          # the reader is gone before anything is written
+        err = p.stderr.read()
+        assert p.wait() == rc, (launch.name, err)
+        assert b"Traceback" not in err
