@@ -461,13 +461,8 @@ def _check_log(case_log: MegatronLog, launch_path: str, model, s, iters) -> None
 def _load_launch(path: str, cluster):
     """(model, strategy, the flags the launch gives, as written) of a Megatron launch file or a
     plan JSON: anything `planner check` reads."""
-    from ..megatron.check import load_launch, load_plan_or_launch
-    try:
-        with open(path, encoding="utf-8") as fh:
-            head = fh.read(4096).lstrip()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise SpecError(path, None, f"cannot read: {exc}") from None
-    if head.startswith("{"):
+    from ..megatron.check import is_plan_json, load_launch, load_plan_or_launch
+    if is_plan_json(path):
         model, s = load_plan_or_launch(path, cluster, None)
         return model, s, ()
     ld = load_launch(path, cluster, None)

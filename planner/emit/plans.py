@@ -41,6 +41,18 @@ def tokens_text(n: float) -> str:
     return f"{n:.4g}"
 
 
+def cost_cells(fig: Figures, priced: bool, train_tokens) -> list[str]:
+    """The $/M tokens, days and $ total cells of a table row, for the inputs that exist."""
+    cells = []
+    if priced:
+        cells.append("-" if fig.usd_per_million_tokens is None else f"{fig.usd_per_million_tokens:.3f}")
+    if train_tokens is not None:
+        cells.append(f"{fig.days_to_train:.1f}")
+    if priced and train_tokens is not None:
+        cells.append("-" if fig.usd_total is None else f"{fig.usd_total:,.0f}")
+    return cells
+
+
 def plan_entry(e, fig: Figures, model_file=None) -> dict:
     """One plan of `plan --json`: the estimate's blocks plus the model, the GPUs used and idle
     (in total and per node group) and the cost block (null where its inputs are missing)."""
@@ -99,12 +111,7 @@ def render_plans(res, m, c, info: dict, o, train_tokens, console) -> None:
                group_use_text(f, False), group_use_text(f, True),
                f"{pk.total / GIB:.1f}/{pk.capacity / GIB:.1f}" + (" TIGHT" if e.memory_verdict == "tight" else ""),
                f"{e.step_time_s:.3f}", f"{e.tokens_per_s:,.0f}"]
-        if priced:
-            row.append("-" if f.usd_per_million_tokens is None else f"{f.usd_per_million_tokens:.3f}")
-        if train_tokens is not None:
-            row.append(f"{f.days_to_train:.1f}")
-        if priced and train_tokens is not None:
-            row.append("-" if f.usd_total is None else f"{f.usd_total:,.0f}")
+        row += cost_cells(f, priced, train_tokens)
         row += [f"{e.model_tflops_per_gpu:.0f}", f"{e.mfu * 100:.1f}%"]
         t.add_row(*row)
     console.print(t)

@@ -3,7 +3,7 @@ tokens/s, $ per million tokens and days; the JSON document; the scaling picture.
 
 from __future__ import annotations
 
-from .plans import OBJECTIVE_TEXT, plan_entry, tokens_text
+from .plans import OBJECTIVE_TEXT, cost_cells, plan_entry, tokens_text
 
 
 def plan_text(e) -> str:
@@ -32,12 +32,7 @@ def render_sweep(outcomes, model, o, train_tokens, console) -> None:
         else:
             f, e = x.figures, x.plan
             row += [plan_text(e), f"{f.gpus_used:,}", f"{e.step_time_s:.3f}", f"{e.tokens_per_s:,.0f}"]
-            if priced:
-                row.append("-" if f.usd_per_million_tokens is None else f"{f.usd_per_million_tokens:.3f}")
-            if train_tokens is not None:
-                row.append(f"{f.days_to_train:.1f}")
-            if priced and train_tokens is not None:
-                row.append("-" if f.usd_total is None else f"{f.usd_total:,.0f}")
+            row += cost_cells(f, priced, train_tokens)
             row += [f"{e.mfu * 100:.1f}%", _status(x)]
         t.add_row(*row)
     console.print(t)

@@ -163,18 +163,21 @@ def load_launch(path: str, cluster, model_ref, world_size=None, settings: dict |
     return LoadedLaunch(launch, model, launch.strategy, placement)
 
 
+def is_plan_json(path: str) -> bool:
+    """Whether a file given as a plan or a launch is a plan JSON (it starts with '{')."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            return fh.read(4096).lstrip().startswith("{")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SpecError(path, None, f"cannot read: {exc}") from None
+
+
 def load_plan_or_launch(path: str, cluster, model_ref):
     """`planner compare` inputs: a plan JSON (plan --json output, or plan.json from --emit) or
     a Megatron launch file -> (model, strategy)."""
     from ..library import load_model_ref
 
-    text_head = ""
-    try:
-        with open(path, encoding="utf-8") as fh:
-            text_head = fh.read(4096).lstrip()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise SpecError(path, None, f"cannot read: {exc}") from None
-    if text_head.startswith("{"):
+    if is_plan_json(path):
         return load_model_ref(model_ref or plan_model_ref(path)), strategy_from_plan_json(path)
     ld = load_launch(path, cluster, model_ref)
     return ld.model, ld.strategy
