@@ -486,3 +486,17 @@ def test_the_allocator_setting_on_the_launch_command():
     L = parse_text("PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True torchrun --nproc-per-node 8 pretrain_gpt.py "
                    + BASE, "t.sh", env={})
     assert L.strategy.expandable_segments
+
+
+def test_an_unquoted_array_expansion_splits_a_quoted_value_as_bash_does():
+    """Megatron-LM's gpt3 175B example passes --step-batch-size-schedule "0:16 2.4B:320 ..." in an
+    array it expands unquoted (${TRAINING_ARGS[@]}): bash splits the value, argparse takes '0:16'
+    and refuses the rest. Quoted ("${ARR[@]}"), the value stays one word."""
+    head = 'ARGS=(\n    --step-batch-size-schedule "0:16 2.4B:320 4.8B:624"\n)\ntorchrun --nproc-per-node 8 pretrain_gpt.py '
+    with pytest.raises(InvalidLaunch) as exc:
+        parse_text(head + "${ARGS[@]} " + BASE, "t.sh", env={})
+    (rule, msg), = exc.value.problems
+    assert rule == "unknown-flag" and msg.startswith("'2.4B:320' '4.8B:624': 2 unrecognized arguments")
+    assert "after --step-batch-size-schedule, which takes one value" in msg and '"${ARR[@]}"' in msg
+    L = parse_text(head + '"${ARGS[@]}" ' + BASE, "t.sh", env={})
+    assert L.raw["step_batch_size_schedule"] == "0:16 2.4B:320 4.8B:624"

@@ -192,14 +192,19 @@ class ParsedFlags:
             else:
                 groups.append(([u], prev))
         for us, prev in groups:
-            u = " ".join(us)
+            u = us[0]
             if u.startswith("-"):
                 hint = suggest(u.partition("=")[0], list(t.by_option))
                 out.append(("unknown-flag", f"{u}: unknown flag for Megatron-LM {t.commit[:12]}{hint}"))
             else:
                 after = f" (after {prev}, which takes {_arity(t.by_option[prev])})" if prev in t.by_option else ""
-                out.append(("unknown-flag", f"{u!r}: unrecognized argument{'s' if len(us) > 1 else ''}{after}; "
-                                            "Megatron takes no positional arguments (a value with spaces needs quotes)"))
+                # each stray word as argparse sees it: a quoted value split by an unquoted
+                # expansion (${ARR[@]}, $VAR) arrives as several words
+                words = " ".join(repr(w) for w in us)
+                out.append(("unknown-flag", f"{words}: {len(us)} unrecognized argument{'s' if len(us) > 1 else ''}"
+                                            f"{after}; Megatron takes no positional arguments: a value with spaces "
+                                            "reaches it as one word only if quoted, and an array's elements only if "
+                                            'expanded quoted ("${ARR[@]}")'))
         return out
 
 
