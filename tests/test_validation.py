@@ -50,3 +50,30 @@ def test_runs_with_a_known_outcome_get_the_gate_verdict_they_earned():
     assert rows["mbridge-llama3-70b-sft-fp8cs-tp4pp4vpp5-noexpseg-h100"]["verdict"] == "tight"
     assert rows["mbridge-llama3-70b-sft-fp8cs-tp4pp4vpp5-expseg-h100"]["verdict"] == "fits"
     assert rows["mlm-issue-525-gpt2-774m-v100-oom"]["verdict"] == "does not fit"
+
+
+def test_slower_kernels_never_shorten_a_step_with_ep_overlap():
+    """--overlap-moe-expert-parallel-comm hides the all-to-alls under the other micro-batch's
+    phase: its wall time, the host's kernel issue when that is longer. Slower GEMMs must then
+    never give a shorter step (they once did: on NVIDIA's Qwen3-235B H100 launch, host-bound, a
+    half-speed grouped GEMM hid 3 s more all-to-all than it added)."""
+    from dataclasses import replace
+
+    import yaml
+    from planner.estimate import _layer_time, estimate
+
+    rid = "qwen3_235b_a22b-h100-sxm-80g-fp8-cs-25.11"
+    row = {r["id"]: r for r in yaml.safe_load(open(bridge.DATA / "megatron_bridge_launches.yaml"))["rows"]}[rid]
+    perf = {r["id"]: r for r in yaml.safe_load(open(bridge.DATA / "megatron_bridge_perf.yaml"))["rows"]}[rid]
+    launch = bridge.read_launch(row["launch"], rid, perf["gpus"])
+    assert launch.strategy.overlap_moe_expert_parallel_comm
+    cluster = bridge.dgx_cluster(row["system"], perf["gpus"])
+    g = cluster.node_groups[0]
+    steps = []
+    for scale in (1.0, 0.8, 0.6, 0.4):
+        eff = g.gpu.efficiency
+        gpu = replace(g.gpu, efficiency=replace(eff, matmul=eff.matmul * scale, matmul_fp8=eff.matmul_fp8 * scale))
+        _layer_time.cache_clear()
+        steps.append(estimate(launch.model, replace(cluster, node_groups=(replace(g, gpu=gpu),)), launch.strategy).step_time_s)
+    _layer_time.cache_clear()
+    assert steps == sorted(steps), steps

@@ -18,7 +18,7 @@ from ..specs.model import ModelSpec
 from ..strategy import Strategy
 from .activations import BYTES_16BIT, expert_tokens_per_rank
 from .comm import collective_time, group_link, hierarchical_all_to_all_time, p2p_link
-from .compute import FLASH_BACKWARD_FACTOR
+from .compute import FLASH_BACKWARD_FACTOR, HOST_BACKWARD_PER_FORWARD_KERNEL
 from .memory import gradient_comm_bytes, param_gather_bytes
 
 
@@ -292,8 +292,14 @@ def ep_layer_exposed_s(phases: dict, lt, recomputed: bool, s: Strategy) -> float
     if recomputed:
         f *= 2
     if s.overlap_moe_expert_parallel_comm:
-        cover_b = lt.forward + (lt.backward_weight if s.delay_wgrad_compute else 0.0)
-        return max(0.0, f - (lt.backward_input + lt.backward_weight)) + max(0.0, b - cover_b)
+        # the window is the other phase's wall time: its GPU work, or the host issuing its
+        # kernels when that is longer (estimate.host_bound), so slower kernels never hide more
+        # than they add; the delayed weight gradients are one of the backward's kernel sets
+        delayed = s.delay_wgrad_compute
+        cover_f = max(lt.backward_input + lt.backward_weight, lt.host_backward)
+        cover_b = max(lt.forward + (lt.backward_weight if delayed else 0.0),
+                      lt.host_forward + (lt.host_backward / HOST_BACKWARD_PER_FORWARD_KERNEL if delayed else 0.0))
+        return max(0.0, f - cover_f) + max(0.0, b - cover_b)
     if s.moe_shared_expert_overlap:
         f = max(0.0, f - lt.shared_expert_forward)
     return f + b
