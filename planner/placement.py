@@ -35,6 +35,8 @@ STATES = ("parameters", "gradients", "optimizer", "activations")
 # router are replicated over TP; routed experts are split by EP x expert-TP and their data axis is
 # the expert-data-parallel group.
 GROUPS = ("dense", "norms", "experts")
+_SHARED_FACTORS: dict = {}     # Placement._factors of the tables alike but for pp
+_SHARED_FACTORS_MAX = 65536
 AXES = ("dp", "cp", "tp", "pp", "ep", "etp", "edp")
 MODEL_AXES = ("tp", "ep", "etp")   # pp splits by layer assignment, not by a factor
 DATA_AXES = {"dense": "dp", "norms": "dp", "experts": "edp"}  # the axis gradients reduce over
@@ -75,7 +77,15 @@ class Placement:
 
     @cached_property
     def _factors(self) -> dict:
-        return {}
+        # no factor depends on the pp degree (a stage owns its layers): tables that differ only
+        # in pp share one cache, which the search, building a table per pipeline depth, reuses
+        key = (self.modes, tuple(x for x in self.sizes if x[0] != "pp"), self.hsdp_shard_size, self.offload_fraction)
+        f = _SHARED_FACTORS.get(key)
+        if f is None:
+            if len(_SHARED_FACTORS) > _SHARED_FACTORS_MAX:
+                _SHARED_FACTORS.clear()
+            f = _SHARED_FACTORS[key] = {}
+        return f
 
     def model_shard_factor(self, group: str) -> float:
         """Fraction of a stage's parameters of a group one rank computes with: the model axes
