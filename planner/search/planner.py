@@ -533,13 +533,16 @@ class _Bounds:
         names = [g.name for g in self.cluster.node_groups]
         return {g: max(c[i] for c in layouts) for i, g in enumerate(names)} if layouts else {}
 
-    def family(self, s: Strategy, tk: Strategy, p: int, m: int, per: int, caps: dict, vmax: int) -> float:
+    def family(self, s: Strategy, tk: Strategy, p: int, m: int, per: int, caps: dict, vmax: int,
+               names: tuple | None = None) -> float:
         """Bound for every stage placement, vpp and ZeRO stage of p stages of `per` GPUs and m
         micro-batches with s's time class (TP, CP, EP, expert-TP, micro-batch, recompute): the
         cell bound (below) relaxed to the fastest GPUs the pipeline can use (speeds summed over
         its p fastest stage slots), the cheapest end stages and hop, and the bubble at the most
-        virtual stages. `caps`: most stages per group."""
-        names = tuple(sorted(g for g, c in caps.items() if c > 0))
+        virtual stages. `caps`: most stages per group; `names`: the groups with caps > 0, sorted
+        (computed here when not given; the search passes them, it bounds 10^5 families)."""
+        if names is None:
+            names = tuple(sorted(g for g, c in caps.items() if c > 0))
         st = self._family_static(s, tk, names)
         units, speeds, f_min, emb, out, e_single, least = st
         S, left = 0.0, p
@@ -559,7 +562,7 @@ class _Bounds:
             hop = self._hop_min[hk] = 2 * min(self.least_hop(s, x, y, per) for x in names for y in names)
         T = max(f_min + hop, units / S + hop)
         W = least + emb + out + p * hop
-        return min(m * T + (W - T) / v for v in (1, vmax))
+        return m * T + min(W - T, (W - T) / vmax)     # the bubble at vpp 1 or at the most virtual stages
 
     def _family_static(self, s: Strategy, tk: Strategy, names: tuple) -> tuple:
         """What a family bound needs of its time class on these groups (cached)."""
@@ -1069,14 +1072,16 @@ def search(model: ModelSpec, cluster: ClusterSpec, o: SearchOptions, progress=No
             lay = stage_layouts(cluster, per, pp, o.budget)
             usd = {counts: usd_hour(counts, per) for counts in lay}
             known = [u for u in usd.values() if u is not None]
-            layouts_cache[lkey] = (lay, sum(len(v) for v in lay.values()), bounds.stage_caps(per, pp, lay),
-                                   usd, min(known) if known and len(known) == len(usd) else None)
+            caps = bounds.stage_caps(per, pp, lay)
+            layouts_cache[lkey] = (lay, sum(len(v) for v in lay.values()), caps,
+                                   usd, min(known) if known and len(known) == len(usd) else None,
+                                   tuple(sorted(g for g, c in caps.items() if c > 0)))
         return layouts_cache[lkey][1]
 
     for tp, cp, pp, dp, ep, etp, mbs, m, rec, block, vh, count in _family_specs(model, cluster, o, layouts_of):
         per = tp * cp * dp
         lkey = (per, pp)
-        _, _, caps, _, usd_min = layouts_cache[lkey]
+        _, _, caps, _, usd_min, cap_names = layouts_cache[lkey]
         ckey = (tp, cp, ep, etp, mbs, "none" if block else rec)
         cls = classes.get(ckey)
         if cls is None:
@@ -1086,7 +1091,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, o: SearchOptions, progress=No
                           overlap_grad_reduce=True)
             cls = classes[ckey] = (ts, _time_key(ts))
         res.candidates += count
-        lb = bounds.family(cls[0], cls[1], pp, m, per, caps, max(vh))
+        lb = bounds.family(cls[0], cls[1], pp, m, per, caps, max(vh), cap_names)
         heapq.heappush(heap, (objective_lb(lb, usd_min), next(tie), _FAMILY,
                               (cls, pp, dp, block, vh, lkey, count, lb)))
     # 2. best first: families -> cells -> candidates -> priced plans, until the K-th best plan
@@ -1128,7 +1133,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, o: SearchOptions, progress=No
             continue
         if kind == _FAMILY:
             (ts, tk), pp, dp, block, vh, lkey, count, step_lb = payload
-            layouts, _, _, usd, usd_min = layouts_cache[lkey]
+            layouts, _, _, usd, usd_min, _ = layouts_cache[lkey]
             fam = _Family(replace(ts, pp=pp, dp=dp), tk, block, vh, layouts, count)
             may_fit, fam.peak_lb = _family_may_fit(model, cluster, fam, zero_opts, o.uneven_chunks, screens)
             if not may_fit:
