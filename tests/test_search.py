@@ -533,3 +533,25 @@ def test_the_k_th_best_can_rise_and_the_top_k_stays_exact():
     plans.add(SimpleNamespace(step=1.5), fig(1.5, 35.0, 8))   # dominates the plans of 2 s and 3 s
     assert [x[0] for x in plans.items] == [1.0, 1.5, 4.0] and plans.kth() == 4.0
     assert plans.dominate(5.0, 8, 0.0, 35 * 2**30) and not plans.dominate(5.0, 4, 0.0, 35 * 2**30)
+
+
+def test_mixed_floor_never_exceeds_the_least_slowest_stage():
+    """_mixed_floor against every way of placing the dense layers: stage i holds v layers (at
+    least), d_i of them dense, sum d_i <= n_dense; its cost is B_i - d_i saves_i. The bound must
+    not exceed the least slowest stage over all placements, and must beat the single-kind floor
+    max(B_i - v saves_i) when few dense layers meet many stages."""
+    import itertools
+    import random
+    from planner.search.planner import _mixed_floor
+    rng = random.Random(7)
+    tighter = 0
+    for _ in range(400):
+        p, v, n_dense = rng.randint(1, 5), rng.randint(1, 3), rng.randint(0, 4)
+        B = [rng.uniform(1, 10) for _ in range(p)]
+        saves = [rng.uniform(0, 1) * b / v for b in B]
+        best = min(max(b - d * s for b, s, d in zip(B, saves, ds))
+                   for ds in itertools.product(range(v + 1), repeat=p) if sum(ds) <= n_dense)
+        low = _mixed_floor(B, saves, n_dense, v)
+        assert low <= best + 1e-12, (B, saves, n_dense, v, low, best)
+        tighter += low > max(b - v * s for b, s in zip(B, saves)) + 1e-9
+    assert tighter > 100

@@ -496,7 +496,9 @@ class _Bounds:
         least = sum(n * min(costs[g][k] for g in names) for k, n in kinds)
         floor = {g: min(costs[g][k] for k, _ in kinds) for g in names}
         unit_max = max(ref[k] for k, _ in kinds)   # the most units one layer can carry
-        return {"units": units, "rate": rate, "floor": floor, "unit_max": unit_max}, least
+        return {"units": units, "rate": rate, "floor": floor, "unit_max": unit_max,
+                "moe": {g: costs[g][1] for g in names},
+                "dense_saves": {g: max(0.0, costs[g][1] - costs[g][0]) for g in names}}, least
 
     def ends(self, s: Strategy, tk: Strategy, group_name: str) -> tuple[float, float]:
         """(embedding, output layer) forward + backward seconds per micro-batch on this group."""
@@ -597,11 +599,19 @@ class _Bounds:
         emb, out = min(e[0] for e in ends), min(e[1] for e in ends)
         hop = 2 * min(self.least_hop(s, x, y) for x in names for y in names)
         best = float("inf")
+        mixed = self._n_dense_mixed()
         for v in vpps:
             e = v * hop
             T = max(v * f_max + e, units / S + e)
+            if mixed is not None:
+                T = max(T, _mixed_floor([v * w["moe"][g] + e for g in groups],
+                                        [w["dense_saves"][g] for g in groups], mixed, v))
             best = min(best, (m - 1.0 / v) * T + (least + emb + out + p * e) / v)
         return best + after
+
+    def _n_dense_mixed(self) -> int | None:
+        """The model's dense layers when it has both kinds (the mixed floor applies), else None."""
+        return self.model.num_dense_layers if len(self.model.layer_kinds) > 1 else None
 
     def children(self, s: Strategy, tk: Strategy, orders, vpps, zeros):
         """The bounds of every candidate of a cell, (bound, vpp, ZeRO stage, order) each: the
@@ -619,6 +629,9 @@ class _Bounds:
         idx = {g: k for k, g in enumerate(names)}
         floor = np.array([w["floor"][g] for g in names])
         rinv = np.array([1.0 / w["rate"][g] for g in names])
+        mixed = self._n_dense_mixed()
+        moe = np.array([w["moe"][g] for g in names])
+        saves = np.array([w["dense_saves"][g] for g in names])
         ends = np.array([self.ends(s, tk, g) for g in names])
         per = s.gpus_per_stage
         out = []
@@ -637,6 +650,14 @@ class _Bounds:
             S = R.sum()
             e = end[None, :] + 2 * v * H[None, :]
             T = np.maximum((v * F[None, :] + e).max(axis=1), (units + (e * R[None, :]).sum(axis=1)) / S)
+            if mixed is not None:
+                # _mixed_floor over the rows (one per vpp)
+                B = v * moe[gi][None, :] + e
+                k = np.minimum(v, mixed)
+                low = (B - k * saves[gi][None, :]).max(axis=1)
+                if p > mixed:
+                    low = np.maximum(low, np.sort(B, axis=1)[:, p - 1 - mixed])
+                T = np.maximum(T, low)
             W = least + e.sum(axis=1)
             vv = v[:, 0]
             pipe = m * T if p == 1 else (m - 1.0 / vv) * T + W / vv
@@ -677,6 +698,7 @@ class _Bounds:
             hop.append(seen[key])
         stages: dict = {}
         W = least
+        B, saves = [], []     # for the mixed floor: stage cost at v MoE layers, a dense layer's saving
         for i, g in enumerate(groups):
             e = 0.0
             if i == 0:
@@ -691,7 +713,12 @@ class _Bounds:
             key = (w["rate"][g], w["floor"][g], e, cap, L if max_layers is None else max_layers[i])
             stages[key] = stages.get(key, 0) + 1
             W += e
+            B.append(v * w["moe"][g] + e)
+            saves.append(w["dense_saves"][g])
         T = max(_relaxed_minmax(stages, w["units"], v), _integer_minmax(stages, L, v))
+        mixed = self._n_dense_mixed()
+        if mixed is not None:
+            T = max(T, _mixed_floor(B, saves, mixed, v))
         pipe = m * T if p == 1 else (m - 1.0 / v) * T + W / v
         return pipe + self.after_step(s, names)
 
@@ -829,6 +856,20 @@ def _integer_minmax(stages: dict[tuple, int], n_layers: int, n_min: int) -> floa
         else:
             lo = mid
     return lo
+
+
+def _mixed_floor(B, saves, n_dense: int, v: int) -> float:
+    """A lower bound on the slowest stage of a model with dense and MoE layers: stage i holds at
+    least v layers, costing B[i] (its v MoE layers, ends and hops) if all are MoE, and each dense
+    layer among them saves at most saves[i]. The model has only n_dense dense layers, so at most
+    n_dense stages hold any (some stage outside them keeps its B: the (n_dense + 1)-th largest),
+    and no stage saves on more than min(v, n_dense) layers. (The floor of every layer at the
+    cheaper kind, all a single-kind bound knows, is B - v saves.)"""
+    k = min(v, n_dense)
+    low = max(b - k * d for b, d in zip(B, saves))
+    if len(B) > n_dense:
+        low = max(low, sorted(B, reverse=True)[n_dense])
+    return low
 
 
 # ---- the search ------------------------------------------------------------------------------
