@@ -555,3 +555,33 @@ def test_mixed_floor_never_exceeds_the_least_slowest_stage():
         assert low <= best + 1e-12, (B, saves, n_dense, v, low, best)
         tighter += low > max(b - v * s for b, s in zip(B, saves)) + 1e-9
     assert tighter > 100
+
+
+@pytest.mark.parametrize("freq", [[0, 1, 1, 1, 1, 1, 1, 1], [0, 0, 0, 1, 1, 1, 1, 1], [1, 0, 1, 0, 1, 0, 1, 0],
+                                  [1, 1, 1, 1, 1, 1, 0, 0]])
+def test_dense_ranks_hold_every_dense_layer_of_every_split(freq):
+    """_Bounds.dense_ranks against every split whose virtual stages hold >= 1 layer each, in
+    Megatron's order (virtual stage k p + r is chunk k of rank r): every rank that holds a dense
+    layer in some split is in the set (the bound may only drop ranks no split gives one)."""
+    from planner.library import load_cluster_ref
+    model = model_from_dict({**{k: getattr(MOE, k) for k in (
+        "hidden_size", "num_attention_heads", "num_query_groups", "ffn_hidden_size", "vocab_size",
+        "max_position_embeddings", "swiglu", "normalization", "untie_embeddings_and_output_weights",
+        "position_embedding_type", "add_bias_linear", "attention_dropout", "hidden_dropout", "num_experts",
+        "moe_router_topk", "moe_ffn_hidden_size")}, "num_layers": len(freq), "name": "m", "moe_layer_freq": freq},
+        "test")
+    b = _Bounds(model, load_cluster_ref("dgx-h100-x8"))
+    L = len(freq)
+    for p, v in ((2, 1), (2, 2), (3, 1), (4, 2), (8, 1)):
+        V = p * v
+        if V > L:
+            continue
+        reached = set()
+        for cuts in itertools.combinations(range(1, L), V - 1):
+            bounds_ = (0, *cuts, L)
+            for vs in range(V):
+                if any(freq[j] == 0 for j in range(bounds_[vs], bounds_[vs + 1])):
+                    reached.add(vs % p)
+        assert reached <= b.dense_ranks(p, v), (freq, p, v, reached, b.dense_ranks(p, v))
+        if freq[0] == 0 and sum(1 for x in freq if x == 0) < p and L - V < p:
+            assert b.dense_ranks(p, v) != frozenset(range(p))    # the bound has something to use

@@ -443,6 +443,7 @@ class _Bounds:
         self._work: dict = {}
         self._fam: dict = {}
         self._hop_min: dict = {}
+        self._dense: dict = {}
 
     def layer_costs(self, s: Strategy, tk: Strategy, group_name: str) -> tuple[float, float]:
         """(dense, MoE) seconds per layer and micro-batch on this group: compute + TP (+ EP);
@@ -613,6 +614,26 @@ class _Bounds:
         """The model's dense layers when it has both kinds (the mixed floor applies), else None."""
         return self.model.num_dense_layers if len(self.model.layer_kinds) > 1 else None
 
+    def dense_ranks(self, p: int, v: int) -> frozenset | None:
+        """Pipeline ranks that can hold a dense layer of a model with both kinds (None: one
+        kind). Every virtual stage holds >= 1 layer (balanced_chunks), in Megatron's order
+        (virtual stage k p + r is chunk k of rank r), so layer j sits in a virtual stage between
+        j - (L - p v) and j: DeepSeek-V3's three dense layers first can only be on ranks 0-2."""
+        if self._n_dense_mixed() is None:
+            return None
+        key = (p, v)
+        got = self._dense.get(key)
+        if got is None:
+            L, V = self.model.num_layers, p * v
+            ranks = set()
+            for j in range(L):
+                if not self.model.is_moe_layer(j):
+                    ranks.update(vs % p for vs in range(max(0, j - (L - V)), min(j, V - 1) + 1))
+                    if len(ranks) == p:
+                        break
+            got = self._dense[key] = frozenset(ranks)
+        return got
+
     def children(self, s: Strategy, tk: Strategy, orders, vpps, zeros):
         """The bounds of every candidate of a cell, (bound, vpp, ZeRO stage, order) each: the
         closed form of `candidate` (no memory caps) over numpy arrays of the stages, one row
@@ -632,6 +653,8 @@ class _Bounds:
         mixed = self._n_dense_mixed()
         moe = np.array([w["moe"][g] for g in names])
         saves = np.array([w["dense_saves"][g] for g in names])
+        if mixed is not None:   # per vpp row, the ranks no dense layer can reach
+            moe_only_mask = np.array([[r not in self.dense_ranks(p, int(x)) for r in range(p)] for x in vpps])
         ends = np.array([self.ends(s, tk, g) for g in names])
         per = s.gpus_per_stage
         out = []
@@ -657,6 +680,7 @@ class _Bounds:
                 low = (B - k * saves[gi][None, :]).max(axis=1)
                 if p > mixed:
                     low = np.maximum(low, np.sort(B, axis=1)[:, p - 1 - mixed])
+                low = np.maximum(low, np.where(moe_only_mask, B, -np.inf).max(axis=1))
                 T = np.maximum(T, low)
             W = least + e.sum(axis=1)
             vv = v[:, 0]
@@ -719,6 +743,9 @@ class _Bounds:
         mixed = self._n_dense_mixed()
         if mixed is not None:
             T = max(T, _mixed_floor(B, saves, mixed, v))
+            moe_only = [b for r, b in enumerate(B) if r not in self.dense_ranks(p, v)]
+            if moe_only:   # ranks no dense layer can reach hold v MoE layers at least
+                T = max(T, max(moe_only))
         pipe = m * T if p == 1 else (m - 1.0 / v) * T + W / v
         return pipe + self.after_step(s, names)
 
