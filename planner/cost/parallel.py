@@ -177,20 +177,33 @@ def tp_cost(model: ModelSpec, s: Strategy, groups: list[NodeGroup], cluster: Clu
 
 
 
+def cp_ring_step(model: ModelSpec, s: Strategy, groups: list[NodeGroup], cluster: ClusterSpec):
+    """(bytes of one K,V block, seconds of one ring step, link) of Megatron CP's p2p ring."""
+    link = group_link(groups, s.cp, s.tp, cluster)
+    g_loc = max(model.num_query_groups / s.tp, 1.0)
+    tokens = s.seq_length / s.cp * s.micro_batch_size
+    kv = 2 * BYTES_16BIT * tokens * g_loc * model.kv_channels   # K and V blocks
+    return kv, collective_time("send-recv", kv, 2, link), link
+
+
+def cp_layer_exposed_s(s: Strategy, t_step: float, core_forward_s: float) -> float:
+    """Seconds one layer's ring adds to a micro-batch: the forward's cp - 1 K,V sends beyond
+    its core attention, the backward's (K,V and their gradients) beyond flash attention's longer
+    backward. Additive in layers: a stage's exposure is this times its layers."""
+    comm_f = (s.cp - 1) * t_step
+    return max(0.0, comm_f - core_forward_s) + max(0.0, 2 * comm_f - FLASH_BACKWARD_FACTOR * core_forward_s)
+
+
 def cp_cost(model: ModelSpec, s: Strategy, groups: list[NodeGroup], cluster: ClusterSpec, w: StageWork) -> AxisCost:
     """Ring attention (Megatron CP, p2p): each of the cp - 1 steps sends a K,V block to the next
     rank while attention runs on the current one; backward passes K,V and their gradients."""
     if s.cp <= 1:
         return AxisCost("cp")
-    link = group_link(groups, s.cp, s.tp, cluster)
-    g_loc = max(model.num_query_groups / s.tp, 1.0)
-    tokens = s.seq_length / s.cp * s.micro_batch_size
-    kv = 2 * BYTES_16BIT * tokens * g_loc * model.kv_channels   # K and V blocks
-    t_step = collective_time("send-recv", kv, 2, link)
+    kv, t_step, link = cp_ring_step(model, s, groups, cluster)
     comm_f = (s.cp - 1) * t_step * w.layers
     comm_b = 2 * comm_f
-    core = w.core_attention_forward_s   # the backward ring hides under flash attention's longer backward
-    exposed = max(0.0, comm_f - core) + max(0.0, comm_b - FLASH_BACKWARD_FACTOR * core)
+    # every layer runs the same core attention, so the stage's exposure is its layers' sum
+    exposed = w.layers * cp_layer_exposed_s(s, t_step, w.core_attention_forward_s / max(w.layers, 1))
     m = w.microbatches
     return AxisCost("cp", per_microbatch_s=exposed,
                     entries=(CommEntry("cp", "send-recv", kv, s.cp, 3 * (s.cp - 1) * w.layers * m,

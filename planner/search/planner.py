@@ -14,8 +14,8 @@ import numpy as np
 
 from ..errors import InvalidStrategy, PlannerError
 from ..estimate import Estimate, _layer_time, _time_key, estimate
-from ..cost.parallel import (ep_layer_collectives, ep_layer_exposed_s, pp_gather_s, pp_message_bytes, tp_layer_collectives,
-                             tp_layer_exposed_s)
+from ..cost.parallel import (cp_layer_exposed_s, cp_ring_step, ep_layer_collectives, ep_layer_exposed_s, pp_gather_s,
+                             pp_message_bytes, tp_layer_collectives, tp_layer_exposed_s)
 from ..specs.cluster import ClusterSpec
 from ..specs.model import ModelSpec
 from ..strategy import Strategy, check_structure
@@ -447,7 +447,8 @@ class _Bounds:
 
     def layer_costs(self, s: Strategy, tk: Strategy, group_name: str) -> tuple[float, float]:
         """(dense, MoE) seconds per layer and micro-batch on this group: compute + TP (+ EP);
-        exactly what `estimate` charges per layer for these terms (CP and DP only add).
+        exactly what `estimate` charges per layer for these terms, the CP ring's exposure
+        included (it is additive in layers; DP only adds).
         `tk` is s's time key (`_time_key(s)`), passed in because building it is not free."""
         key = (tk, group_name)
         v = self._layer.get(key)
@@ -461,12 +462,17 @@ class _Bounds:
                 return tp_layer_exposed_s(phases, lt, s.recompute == "full", s.tp_comm_overlap,
                                           s.async_tensor_model_parallel_allreduce)
 
+            t_cp = cp_ring_step(model, s, [g], self.cluster)[1] if s.cp > 1 else 0.0
+
+            def cp(lt):   # the ring's exposure, as estimate's cp_cost charges it per layer
+                return cp_layer_exposed_s(s, t_cp, lt.core_attention_forward) if s.cp > 1 else 0.0
+
             lt_d = _layer_time(model, tk, g.gpu, False)
-            dense = lt_d.total + tp(lt_d)
+            dense = lt_d.total + tp(lt_d) + cp(lt_d)
             moe = dense
             if model.is_moe:
                 lt_m = _layer_time(model, tk, g.gpu, True)
-                moe = lt_m.total + tp(lt_m, True)
+                moe = lt_m.total + tp(lt_m, True) + cp(lt_m)
                 if s.ep > 1:
                     phases, _ = ep_layer_collectives(model, s, [g], self.cluster)
                     moe += ep_layer_exposed_s(phases, lt_m, s.recompute == "full", s)
