@@ -36,7 +36,7 @@ STATES = ("parameters", "gradients", "optimizer", "activations")
 # the expert-data-parallel group.
 GROUPS = ("dense", "norms", "experts")
 _SHARED_FACTORS: dict = {}     # Placement._factors of the tables alike but for pp
-_SHARED_FACTORS_MAX = 65536
+_SHARED_FACTORS_MAX = 65536    # tables kept before the cache starts over (each holds a few dozen floats)
 AXES = ("dp", "cp", "tp", "pp", "ep", "etp", "edp")
 MODEL_AXES = ("tp", "ep", "etp")   # pp splits by layer assignment, not by a factor
 DATA_AXES = {"dense": "dp", "norms": "dp", "experts": "edp"}  # the axis gradients reduce over

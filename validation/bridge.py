@@ -10,8 +10,8 @@ InfiniBand (ConnectX-7) per node. Step time measured = global batch x sequence /
 x GPUs). Printed per row: measured and predicted step seconds, the error, the predicted peak
 memory of the most loaded stage as the device would show it against the device's memory, and
 the gate's verdict (fits, tight or DOES NOT FIT; none of these launches sets expandable
-segments, so the margin includes the default allocator's fragmentation); then the MAPE per system. Every one of these configurations ran, so any
-verdict other than fits is a finding. `--as-published` uses the table's layout where it differs
+segments, so the margin includes the default allocator's fragmentation); then the MAPE per
+system. Every one of these configurations ran, so a DOES NOT FIT is a finding. `--as-published` uses the table's layout where it differs
 from the recipe.
 """
 

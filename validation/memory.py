@@ -28,12 +28,21 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from planner.estimate import estimate  # noqa: E402
+from planner.megatron.launch import GPT2_BPE_VOCAB_SIZE  # noqa: E402
 from planner.specs.cluster import cluster_from_dict  # noqa: E402
 
 DATA = ROOT / "validation" / "data"
 GIB = 2**30
 GPUS = {"H100": "h100-sxm-80g", "A100": "a100-sxm-80g", "V100": "v100-sxm2-32g"}
-from planner.megatron.launch import GPT2_BPE_VOCAB_SIZE as GPT2_BPE_VOCAB  # noqa: E402
+
+
+def _cluster(name: str, world: int, gpus_per_node: int, gpu: str):
+    """`world` GPUs of one kind, gpus_per_node to a node (fewer if the run is smaller), with
+    8 x 400 Gb/s NICs per node (DGX-class; memory verdicts do not depend on the links)."""
+    gpn = min(gpus_per_node, world)
+    return cluster_from_dict({"name": name, "node_groups": [
+        {"name": "n", "nodes": max(1, world // gpn), "gpus_per_node": gpn, "gpu": gpu, "nics_per_node": 8,
+         "nic_bandwidth": "400 Gb/s"}]}, "validation/memory.py")
 
 
 def _gpu(text: str) -> str | None:
@@ -55,7 +64,7 @@ def launch_text(run: dict) -> str:
         else:
             words += [flag, str(value)]
     if "--vocab-size" not in run["model_args_verbatim"] and run.get("complete_given_assumption"):
-        words += ["--vocab-size", str(GPT2_BPE_VOCAB)]
+        words += ["--vocab-size", str(GPT2_BPE_VOCAB_SIZE)]
     return " ".join(shlex.quote(w) for w in words)
 
 
@@ -79,10 +88,7 @@ def rows() -> list[dict]:
         if not usable or gpu is None or not run.get("model_args_verbatim") or not isinstance(run.get("world_size"), int):
             continue
         world = run["world_size"]
-        gpn = min(8, world)
-        cluster = cluster_from_dict({"name": run["id"], "node_groups": [
-            {"name": "n", "nodes": max(1, world // gpn), "gpus_per_node": gpn, "gpu": gpu, "nics_per_node": 8,
-             "nic_bandwidth": "400 Gb/s"}]}, "validation/memory.py")
+        cluster = _cluster(run["id"], world, 8, gpu)
         rec = {"id": run["id"], "outcome": run.get("outcome", ""), "measured_bytes": measured_peak(run)}
         try:
             launch = parse_text(launch_text(run), run["id"], env={}, default_world_size=world)
@@ -110,11 +116,7 @@ def outcome_rows() -> list[dict]:
         rec = {"id": run["id"], "outcome": run["outcome"], "gpu": run["gpu"]}
         try:
             launch = parse_text(run["launch"], run["id"], env=run.get("env") or {})
-            world = launch.world_size
-            gpn = min(run["gpus_per_node"], world)
-            cluster = cluster_from_dict({"name": run["id"], "node_groups": [
-                {"name": "n", "nodes": max(1, world // gpn), "gpus_per_node": gpn, "gpu": run["gpu"],
-                 "nics_per_node": 8, "nic_bandwidth": "400 Gb/s"}]}, "validation/memory.py")
+            cluster = _cluster(run["id"], launch.world_size, run["gpus_per_node"], run["gpu"])
             rec["violations"] = [str(v) for v in megatron_violations(launch, launch.model)]
             e = estimate(launch.model, cluster, launch.strategy)
         except Exception as exc:   # reported, not hidden

@@ -150,8 +150,10 @@ def load_launch(path: str, cluster, model_ref, world_size=None, settings: dict |
                      f"stage (no '# planner: stage-node-groups=' header): priced with the stages filling them in "
                      "that order")
     if launch.strategy.fused_attention:
-        from ..cost.activations import FUSED_ATTENTION_MIN_COMPUTE_CAPABILITY as sm_min
-        old = sorted({g.gpu.name for g in cluster.node_groups if g.gpu.compute_capability < sm_min})
+        # the GPUs where the cost model prices this launch's attention unfused (one rule, there)
+        from ..cost.activations import FUSED_ATTENTION_MIN_COMPUTE_CAPABILITY as sm_min, attention_on_gpu
+        old = sorted({g.gpu.name for g in cluster.node_groups
+                      if not attention_on_gpu(launch.strategy, g.gpu).fused_attention})
         if old:
             notes.append(f"attention on {', '.join(old)}: no fused attention kernels below sm{sm_min * 10:.0f} "
                          "(FlashAttention-2, cuDNN): priced unfused, the s x s scores kept"

@@ -679,15 +679,8 @@ class _Bounds:
             S = R.sum()
             e = end[None, :] + 2 * v * H[None, :]
             T = np.maximum((v * F[None, :] + e).max(axis=1), (units + (e * R[None, :]).sum(axis=1)) / S)
-            if mixed is not None:
-                # _mixed_floor over the rows (one per vpp)
-                B = v * moe[gi][None, :] + e
-                k = np.minimum(v, mixed)
-                low = (B - k * saves[gi][None, :]).max(axis=1)
-                if p > mixed:
-                    low = np.maximum(low, np.sort(B, axis=1)[:, p - 1 - mixed])
-                low = np.maximum(low, np.where(moe_only_mask, B, -np.inf).max(axis=1))
-                T = np.maximum(T, low)
+            if mixed is not None:   # one row per vpp
+                T = np.maximum(T, _mixed_floor_rows(v * moe[gi][None, :] + e, saves[gi], mixed, v, moe_only_mask))
             W = least + e.sum(axis=1)
             vv = v[:, 0]
             pipe = m * T if p == 1 else (m - 1.0 / vv) * T + W / vv
@@ -748,10 +741,8 @@ class _Bounds:
         T = max(_relaxed_minmax(stages, w["units"], v), _integer_minmax(stages, L, v))
         mixed = self._n_dense_mixed()
         if mixed is not None:
-            T = max(T, _mixed_floor(B, saves, mixed, v))
-            moe_only = [b for r, b in enumerate(B) if r not in self.dense_ranks(p, v)]
-            if moe_only:   # ranks no dense layer can reach hold v MoE layers at least
-                T = max(T, max(moe_only))
+            reach = self.dense_ranks(p, v)
+            T = max(T, _mixed_floor(B, saves, mixed, v, [r not in reach for r in range(p)]))
         pipe = m * T if p == 1 else (m - 1.0 / v) * T + W / v
         return pipe + self.after_step(s, names)
 
@@ -891,18 +882,28 @@ def _integer_minmax(stages: dict[tuple, int], n_layers: int, n_min: int) -> floa
     return lo
 
 
-def _mixed_floor(B, saves, n_dense: int, v: int) -> float:
-    """A lower bound on the slowest stage of a model with dense and MoE layers: stage i holds at
-    least v layers, costing B[i] (its v MoE layers, ends and hops) if all are MoE, and each dense
-    layer among them saves at most saves[i]. The model has only n_dense dense layers, so at most
+def _mixed_floor_rows(B, saves, n_dense: int, v, moe_only=None):
+    """A lower bound on the slowest stage of a model with dense and MoE layers, per row of
+    B (rows x stages; v: each row's vpp, an int or a rows x 1 array): stage i holds at least v
+    layers, costing B[i] (its v MoE layers, ends and hops) if all are MoE, and each dense layer
+    among them saves at most saves[i]. The model has only n_dense dense layers, so at most
     n_dense stages hold any (some stage outside them keeps its B: the (n_dense + 1)-th largest),
-    and no stage saves on more than min(v, n_dense) layers. (The floor of every layer at the
-    cheaper kind, all a single-kind bound knows, is B - v saves.)"""
-    k = min(v, n_dense)
-    low = max(b - k * d for b, d in zip(B, saves))
-    if len(B) > n_dense:
-        low = max(low, sorted(B, reverse=True)[n_dense])
+    and no stage saves on more than min(v, n_dense) layers; `moe_only` (rows x stages): stages no
+    dense layer can reach (_Bounds.dense_ranks), which keep their B. (The floor of every layer at
+    the cheaper kind, all a single-kind bound knows, is B - v saves.)"""
+    B = np.asarray(B, dtype=float)
+    low = (B - np.minimum(v, n_dense) * np.asarray(saves, dtype=float)).max(axis=1)
+    p = B.shape[1]
+    if p > n_dense:
+        low = np.maximum(low, np.sort(B, axis=1)[:, p - 1 - n_dense])
+    if moe_only is not None:
+        low = np.maximum(low, np.where(moe_only, B, -np.inf).max(axis=1))
     return low
+
+
+def _mixed_floor(B, saves, n_dense: int, v: int, moe_only=None) -> float:
+    """_mixed_floor_rows of one row of stages."""
+    return float(_mixed_floor_rows([B], saves, n_dense, v, None if moe_only is None else [moe_only])[0])
 
 
 # ---- the search ------------------------------------------------------------------------------
