@@ -1,6 +1,8 @@
-"""Search-time benchmark (not a test): `python bench/bench_search.py [--time-limit S] [--only K]`.
+"""Search-time benchmark (not a test): `python bench/bench_search.py [--time-limit S] [--only K]
+[--repeat N]`.
 
-Plans each bundled scenario once and prints one table: seconds, status (optimal, or stopped by
+Plans each bundled scenario once (with --repeat N: N times, each in a fresh process, so no
+run finds the caches of another warm, and reports the median with the range) and prints one table: seconds, status (optimal, or stopped by
 the time limit with its gap), the candidate counts (candidates = pruned by memory + pruned by
 the step-time bound + pruned as dominated by a plan found + priced) and the top plan. Machines here are noisy: compare runs made side
 by side.
@@ -10,8 +12,11 @@ from __future__ import annotations
 
 import argparse
 import resource
+import statistics
 import sys
 import time
+from concurrent.futures import ProcessPoolExecutor
+from multiprocessing import get_context
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -60,41 +65,63 @@ def _top(r) -> str:
             f" [{' '.join(sorted(set(e.stage_groups)))}]")
 
 
-def run(scenarios, time_limit: float):
-    """Yields one row per scenario: (model, cluster, GPUs, seq, options, seconds, result or error)."""
-    for model, cluster, gbs, seq, extra in scenarios:
+def _plan(scenario, time_limit: float):
+    """(seconds, result or error) of one search of a scenario."""
+    model, cluster, gbs, seq, extra = scenario
+    m = load_model_ref(model) if isinstance(model, str) else model
+    c = load_cluster_ref(cluster) if isinstance(cluster, str) else cluster
+    t0 = time.perf_counter()
+    try:
+        r = search(m, c, SearchOptions(global_batch_size=gbs, seq_length=seq, top=1,
+                                       time_limit_s=time_limit, **extra))
+    except PlannerError as exc:
+        r = exc
+    return time.perf_counter() - t0, r
+
+
+def run(scenarios, time_limit: float, repeat: int = 1):
+    """Yields one row per scenario: (model, cluster, seq, options, seconds, result or error,
+    every run's seconds). With repeat > 1 each run is a fresh process and seconds is the median."""
+    for scenario in scenarios:
+        model, cluster, _, seq, extra = scenario
         m = load_model_ref(model) if isinstance(model, str) else model
         c = load_cluster_ref(cluster) if isinstance(cluster, str) else cluster
-        t0 = time.perf_counter()
-        try:
-            r = search(m, c, SearchOptions(global_batch_size=gbs, seq_length=seq, top=1,
-                                           time_limit_s=time_limit, **extra))
-        except PlannerError as exc:
-            r = exc
-        yield m, c, seq, extra, time.perf_counter() - t0, r
+        if repeat <= 1:
+            dt, r = _plan(scenario, time_limit)
+            yield m, c, seq, extra, dt, r, [dt]
+            continue
+        times = []
+        for _ in range(repeat):
+            with ProcessPoolExecutor(max_workers=1, mp_context=get_context("spawn")) as pool:
+                dt, r = pool.submit(_plan, scenario, time_limit).result()
+            times.append(dt)
+        yield m, c, seq, extra, statistics.median(times), r, times
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--time-limit", type=float, default=120.0)
     ap.add_argument("--only", type=int, action="append", help="run only scenario K (0-based; repeatable)")
+    ap.add_argument("--repeat", type=int, default=1, help="runs per scenario, each in a fresh process (median)")
     a = ap.parse_args(argv)
     todo = [SCENARIOS[k] for k in a.only] if a.only else SCENARIOS
     print("| model | cluster | GPUs | seq | options | seconds | status | candidates | pruned memory "
           "| pruned bound | priced | top plan |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
-    for m, c, seq, extra, dt, r in run(todo, a.time_limit):
+    for m, c, seq, extra, dt, r, times in run(todo, a.time_limit, a.repeat):
         opts = " ".join(f"{k}={','.join(map(str, v)) if isinstance(v, tuple) else v}" for k, v in extra.items())
+        secs = f"{dt:.1f}" if len(times) == 1 else f"{dt:.1f} ({min(times):.1f}-{max(times):.1f})"
         if isinstance(r, PlannerError):
-            print(f"| {m.name} | {c.name} | {c.num_gpus:,} | {seq} | {opts} | {dt:.1f} | refused: {r} | | | | | |")
+            print(f"| {m.name} | {c.name} | {c.num_gpus:,} | {seq} | {opts} | {secs} | refused: {r} | | | | | |")
             continue
         status = r.status if r.optimality_gap == 0 else f"{r.status}, gap {r.optimality_gap * 100:.2f}%"
         total = r.pruned_memory + r.pruned_bound + r.pruned_dominated + r.priced
         counts = f"{r.candidates:,}" + ("" if total == r.candidates else f" (counted {total:,})")
-        print(f"| {m.name} | {c.name} | {c.num_gpus:,} | {seq} | {opts} | {dt:.1f} | {status} | {counts} "
+        print(f"| {m.name} | {c.name} | {c.num_gpus:,} | {seq} | {opts} | {secs} | {status} | {counts} "
               f"| {r.pruned_memory:,} | {r.pruned_bound + r.pruned_dominated:,} | {r.priced:,} | {_top(r)} |",
               flush=True)
-    print(f"peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20:.2f} GiB")
+    who = resource.RUSAGE_SELF if a.repeat <= 1 else resource.RUSAGE_CHILDREN
+    print(f"peak RSS {resource.getrusage(who).ru_maxrss / 2**20:.2f} GiB" + ("" if a.repeat <= 1 else " (largest run)"))
 
 
 if __name__ == "__main__":

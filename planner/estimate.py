@@ -14,6 +14,7 @@ from .strategy import Strategy, check_structure
 from .cost import compute as C
 from .cost import parallel as P
 from .cost.memory import StageMemory, fully_recomputed_layers, stage_memory, stage_params
+from .cost.moe_schedule import NO_A2A
 from .cost.parallel import CommEntry
 from .cost.pipeline import pipeline_time
 
@@ -146,22 +147,55 @@ def assign_stage_groups(cluster: ClusterSpec, s: Strategy) -> list[list[NodeGrou
     return out
 
 
-@lru_cache(maxsize=65536)
 def _layer_time(model, s_key, gpu, moe):
+    if moe:
+        return _layer_time_cached(model, s_key, gpu, True)
+    # a dense layer's time does not depend on expert parallelism or the MoE dispatcher: one
+    # entry for all of them (the search asks for it under every EP / expert-TP degree)
+    dense_key = _DENSE_KEYS.get(s_key)
+    if dense_key is None:
+        if len(_DENSE_KEYS) > _DENSE_LAYER_TIMES_MAX:
+            _DENSE_KEYS.clear()
+        dense_key = _DENSE_KEYS[s_key] = tuple(getattr(s_key, f) for f in _DENSE_TIME_KEY_FIELDS)
+    got = _DENSE_LAYER_TIMES.get((model, dense_key, gpu))
+    if got is None:
+        got = _DENSE_LAYER_TIMES[(model, dense_key, gpu)] = C.layer_time(model, s_key, gpu, False)
+        if len(_DENSE_LAYER_TIMES) > _DENSE_LAYER_TIMES_MAX:
+            _DENSE_LAYER_TIMES.clear()
+    return got
+
+
+_DENSE_LAYER_TIMES: dict = {}
+_DENSE_KEYS: dict = {}     # time key -> its dense-layer key (built once per time key)
+_DENSE_LAYER_TIMES_MAX = 65536
+
+
+@lru_cache(maxsize=65536)
+def _layer_time_cached(model, s_key, gpu, moe):
     return C.layer_time(model, s_key, gpu, moe)
+
+
+def _clear_layer_times() -> None:
+    _layer_time_cached.cache_clear()
+    _DENSE_LAYER_TIMES.clear()
+    _DENSE_KEYS.clear()
+
+
+_layer_time.cache_clear = _clear_layer_times   # as for an lru_cache (validation refits clear it)
+
+
+# The Strategy fields a layer's compute time depends on (cost/compute.py layer_time), and those
+# of them only a MoE layer reads.
+_TIME_KEY_FIELDS = ("tp", "cp", "ep", "etp", "micro_batch_size", "seq_length", "recompute", "sequence_parallel",
+                    "precision", "fused_attention", "recompute_modules", "fp8_recipe", "moe_token_dispatcher_type",
+                    "moe_pad_expert_input_to_capacity", "cuda_graph_impl", "cuda_graph_scope", "tp_comm_overlap")
+_MOE_ONLY_TIME_FIELDS = frozenset({"ep", "etp", "moe_token_dispatcher_type", "moe_pad_expert_input_to_capacity"})
+_DENSE_TIME_KEY_FIELDS = tuple(f for f in _TIME_KEY_FIELDS if f not in _MOE_ONLY_TIME_FIELDS)
 
 
 def _time_key(s: Strategy) -> Strategy:
     """The fields a layer's compute time depends on (for caching across the search)."""
-    return Strategy(tp=s.tp, cp=s.cp, ep=s.ep, etp=s.etp, micro_batch_size=s.micro_batch_size,
-                    seq_length=s.seq_length, recompute=s.recompute, sequence_parallel=s.sequence_parallel,
-                    precision=s.precision, fused_attention=s.fused_attention, recompute_modules=s.recompute_modules,
-                    fp8_recipe=s.fp8_recipe, moe_token_dispatcher_type=s.moe_token_dispatcher_type,
-                    moe_pad_expert_input_to_capacity=s.moe_pad_expert_input_to_capacity,
-                    cuda_graph_impl=s.cuda_graph_impl, cuda_graph_scope=s.cuda_graph_scope,
-                    tp_comm_overlap=s.tp_comm_overlap)
-
-
+    return Strategy(**{f: getattr(s, f) for f in _TIME_KEY_FIELDS})
 
 
 @dataclass(frozen=True)
@@ -187,15 +221,24 @@ def stage_compute(model: ModelSpec, s: Strategy, i: int, start: int, end: int, g
     skip_dense, skip_moe = ((n_dense - (len(full_set) - n_moe_full), n_moe - n_moe_full)
                             if s.recompute == "full" else (0, 0))
     tk = _time_key(s)
+    moe_full = n_moe - skip_moe if s.recompute == "full" else 0   # MoE layers re-run in backward
+    share = P.moe_alone_share(s, i)
     best = None
     for g in groups:
         lt_d = _layer_time(model, tk, g.gpu, False)
         lt_m = _layer_time(model, tk, g.gpu, True) if model.is_moe else lt_d
-        f = n_dense * lt_d.forward + n_moe * lt_m.forward
-        bwd = (n_dense * (lt_d.backward_input + lt_d.backward_weight + lt_d.recompute)
-               + n_moe * (lt_m.backward_input + lt_m.backward_weight + lt_m.recompute)
-               - skip_dense * lt_d.recompute - skip_moe * lt_m.recompute)
-        f, bwd = host_bound(f, bwd, [(n_dense, lt_d), (n_moe, lt_m)])
+        f = n_dense * lt_d.forward
+        bwd = n_dense * (lt_d.backward_input + lt_d.backward_weight + lt_d.recompute) - skip_dense * lt_d.recompute
+        f, bwd = host_bound(f, bwd, n_dense * lt_d.host_forward, n_dense * lt_d.host_backward)
+        if n_moe:
+            # MoE layers as their schedule places them (GPU and host), split forward / backward
+            # in proportion to their GPU work
+            moe_s = (moe_full * P.moe_layer_costs(lt_m, s, NO_A2A, share, True)[0]
+                     + (n_moe - moe_full) * P.moe_layer_costs(lt_m, s, NO_A2A, share, False)[0])
+            gpu_f = n_moe * lt_m.forward
+            gpu_b = n_moe * (lt_m.backward_input + lt_m.backward_weight) + moe_full * lt_m.recompute
+            f += moe_s * gpu_f / (gpu_f + gpu_b)
+            bwd += moe_s * gpu_b / (gpu_f + gpu_b)
         w = n_dense * lt_d.backward_weight + n_moe * lt_m.backward_weight
         core = n_dense * lt_d.core_attention_forward + n_moe * lt_m.core_attention_forward
         if i == 0:
@@ -212,21 +255,12 @@ def stage_compute(model: ModelSpec, s: Strategy, i: int, start: int, end: int, g
     return best
 
 
-def host_bound(forward_s: float, backward_s: float, layers) -> tuple[float, float]:
-    """Per micro-batch forward and backward seconds once the host's kernel launches are counted
-    (layers: [(count, LayerTime)]). The host runs ahead of the GPU unless it must wait: then
-    a segment takes max(GPU time, host time). A dropless MoE layer waits once per forward for
-    its token counts (the all-to-all splits and grouped-GEMM sizes are host integers,
-    megatron/core/transformer/moe/token_dispatcher.py), so each such layer's forward is its own
-    segment; the rest of the forward, and the backward, are one segment each."""
-    host_f = sum(n * lt.host_forward for n, lt in layers if not lt.host_synced)
-    gpu_f_free = sum(n * lt.forward for n, lt in layers if not lt.host_synced)
-    synced = sum(n * (max(lt.forward, lt.host_forward) + lt.host_sync_wait) for n, lt in layers if lt.host_synced)
-    synced_gpu = sum(n * lt.forward for n, lt in layers if lt.host_synced)
-    other_gpu = forward_s - gpu_f_free - synced_gpu          # embedding, output layer
-    forward = synced + max(gpu_f_free + other_gpu, host_f)
-    host_b = sum(n * lt.host_backward for n, lt in layers)
-    return forward, max(backward_s, host_b)
+def host_bound(forward_s: float, backward_s: float, host_forward_s: float, host_backward_s: float) -> tuple[float, float]:
+    """Per micro-batch forward and backward seconds of a stage's dense layers once the host's
+    kernel launches are counted: the host runs ahead of the GPU, so each pass takes the longer of
+    the GPU's time and the host's time to issue it. (MoE layers, whose dropless routing makes
+    the host wait for the GPU, are placed by cost/moe_schedule.py.)"""
+    return max(forward_s, host_forward_s), max(backward_s, host_backward_s)
 
 
 def _layer_counts(n_dense: int, n_moe: int, full: bool, skip_dense: int, skip_moe: int) -> dict:

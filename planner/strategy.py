@@ -3,10 +3,11 @@ and where the pipeline stages live. Megatron-LM names where one exists."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, fields
 from functools import lru_cache
 
 from .errors import InvalidStrategy
+from .hashing import hash_once, state_without_hash
 from .specs.model import ModelSpec
 
 RECOMPUTE = ("none", "selective", "full")
@@ -24,6 +25,9 @@ class Strategy:
     ep: int = 1                     # expert_model_parallel_size
     etp: int | None = None          # expert_tensor_parallel_size; None = tp (Megatron's default)
     vpp: int = 1                    # num_virtual_stages_per_pipeline_rank
+    # interleaved schedule: micro-batches run back to back on a virtual stage
+    # (--microbatch-group-size-per-virtual-pipeline-stage); None = pp, Megatron's default
+    microbatch_group_size_per_vp_stage: int | None = None
     micro_batch_size: int = 1
     global_batch_size: int = 1
     seq_length: int = 2048
@@ -90,15 +94,16 @@ class Strategy:
         if isinstance(self.vpp, int) and self.vpp > 1 and self.schedule == "1f1b":
             object.__setattr__(self, "schedule", "interleaved")
 
-    def __hash__(self) -> int:
-        # the search hashes strategies as cache keys many times: hash the fields once
-        h = self.__dict__.get("_hash")
-        if h is None:
-            h = hash(tuple([getattr(self, f) for f in _FIELD_NAMES]))
-            object.__setattr__(self, "_hash", h)
-        return h
+    # the search hashes strategies as cache keys many times: hash the fields once
+    __hash__ = hash_once
+    __getstate__ = state_without_hash   # a hash is per process (planner/hashing.py)
 
     # ---- derived ---------------------------------------------------------------------
+    @property
+    def microbatch_group_size(self) -> int:
+        """Micro-batches a virtual stage runs back to back in the interleaved schedule."""
+        return self.microbatch_group_size_per_vp_stage or self.pp
+
     @property
     def world_size(self) -> int:
         return self.tp * self.pp * self.dp * self.cp
@@ -150,10 +155,22 @@ class Strategy:
         return self.recompute
 
     def with_(self, **kw) -> "Strategy":
-        return replace(self, **kw)
+        """dataclasses.replace(self, **kw), without running __init__ over every field (the
+        search builds 10^4-10^5 strategies this way): the same field values, then
+        __post_init__; the cached hash is not carried over."""
+        unknown = kw.keys() - _FIELD_SET
+        if unknown:
+            raise TypeError(f"Strategy has no field(s) {sorted(unknown)}")
+        new = object.__new__(Strategy)
+        state = new.__dict__
+        state.update(self.__dict__)
+        state.pop("_hash", None)
+        state.update(kw)
+        new.__post_init__()
+        return new
 
 
-_FIELD_NAMES = tuple(f.name for f in fields(Strategy))
+_FIELD_SET = frozenset(f.name for f in fields(Strategy))
 
 
 @lru_cache(maxsize=65536)
@@ -233,10 +250,21 @@ def check_structure(s: Strategy, model: ModelSpec) -> None:
             raise InvalidStrategy("vpp-layers",
                                   f"layers per stage {list(layers)} must each be divisible by vpp {s.vpp} "
                                   "(or give chunk_layers, a pipeline layout)")
-        if s.num_microbatches % s.pp != 0:
+        # megatron/core/pipeline_parallel/schedules.py, forward_backward_pipelining_with_interleaving:
+        # the group N lies in [pp, M], and the last group M mod N is 0 or at least pp
+        n, m = s.microbatch_group_size, s.num_microbatches
+        if not s.pp <= n <= m:
             raise InvalidStrategy("interleaved-microbatches",
-                                  f"interleaved schedule needs micro-batches ({s.num_microbatches}) to be "
-                                  f"a multiple of pp ({s.pp})")
+                                  f"interleaved schedule: micro-batches per virtual-stage group ({n}) must lie in "
+                                  f"[pp, micro-batches] = [{s.pp}, {m}]")
+        if 0 < m % n < s.pp:
+            if s.microbatch_group_size_per_vp_stage is None:
+                need = (f"a multiple of pp ({s.pp}) (or --microbatch-group-size-per-virtual-pipeline-stage N "
+                        "with M mod N = 0)")
+            else:
+                need = f"a multiple of the group size {n}, or leave a last group of at least pp ({s.pp})"
+            raise InvalidStrategy("interleaved-microbatches",
+                                  f"interleaved schedule needs micro-batches ({m}) to be {need}")
     if s.chunk_layers is not None:
         ch = s.chunk_layers
         if len(ch) != s.pp * s.vpp or min(ch) < 1:

@@ -198,9 +198,16 @@ def _join(prefix: str, key: str) -> str:
     return f"{prefix}.{key}" if prefix else key
 
 
+def _value(data: dict, key: str, default: Any) -> Any:
+    """A field's value; an explicit null (`key:` or `key: null`) is the field left out, so it
+    takes the default (a default of None stays None)."""
+    v = data.get(key)
+    return default if v is None else v
+
+
 def get_int(data: dict, key: str, source: str, prefix: str = "", default: Any = None,
             minimum: int = 1, maximum: int = 10**9) -> Any:
-    v = data.get(key, default)
+    v = _value(data, key, default)
     if v is None:
         return None
     if isinstance(v, bool) or not isinstance(v, int):
@@ -212,7 +219,7 @@ def get_int(data: dict, key: str, source: str, prefix: str = "", default: Any = 
 
 def get_float(data: dict, key: str, source: str, prefix: str = "", default: Any = None,
               minimum: float = 0.0, maximum: float = 1e30) -> Any:
-    v = data.get(key, default)
+    v = _value(data, key, default)
     if v is None:
         return None
     if isinstance(v, bool) or not isinstance(v, (int, float)):
@@ -231,7 +238,7 @@ def get_bool(data: dict, key: str, source: str, prefix: str = "", default: bool 
 
 def get_str(data: dict, key: str, source: str, prefix: str = "", default: Any = None,
             choices: tuple[str, ...] | None = None) -> Any:
-    v = data.get(key, default)
+    v = _value(data, key, default)
     if v is None:
         return None
     if not isinstance(v, str):

@@ -3,7 +3,7 @@ import yaml
 
 from planner.cost import activations as act
 from planner.cost.memory import stage_memory
-from planner.megatron.launch import parse_words
+from planner.megatron.launch import parse_text, parse_words
 from planner.megatron.shell import tokenize
 from planner.library import load_bundled_profile, load_model_ref
 from planner.placement import placement_of
@@ -196,6 +196,9 @@ def test_interleaved_warmup_and_live_microbatches_follow_megatron_schedule():
     assert [warmup_microbatches(s, r) for r in range(4)] == [10, 8, 6, 4]
     assert [warmup_microbatches(s.with_(overlap_moe_expert_parallel_comm=True), r) for r in range(4)] == [11, 9, 7, 5]
     assert [warmup_microbatches(Strategy(pp=4, dp=1, global_batch_size=8), r) for r in range(4)] == [3, 2, 1, 0]
+    # --microbatch-group-size-per-virtual-pipeline-stage N: (v - 1) N instead of (v - 1) p
+    g = Strategy(pp=4, vpp=2, dp=1, micro_batch_size=1, global_batch_size=12, microbatch_group_size_per_vp_stage=6)
+    assert [warmup_microbatches(g, r) for r in range(4)] == [12, 10, 8, 6]
     # equal chunks: the byte peak is the count peak, warm-up + 1 virtual micro-batches
     for p, v, m in ((4, 2, 8), (8, 4, 32), (4, 3, 12)):
         for r in range(p):
@@ -224,3 +227,27 @@ def test_the_default_allocator_widens_the_verdict_margin_by_its_fragmentation_sp
     for a, b in zip(on, off):
         assert a.total == b.total and a.capacity == b.capacity and a.fits == b.fits
         assert b.margin_bytes - a.margin_bytes == pytest.approx(a.total * 0.15 / 0.85, rel=1e-12)
+
+
+def test_interleaved_micro_batch_groups_follow_megatron():
+    """schedules.py forward_backward_pipelining_with_interleaving: the group N of micro-batches a
+    virtual stage runs back to back lies in [pp, M] and the last group, M mod N, is 0 or >= pp
+    (N = pp by default, so M must be a multiple of pp)."""
+    from planner.errors import InvalidStrategy
+    from planner.strategy import check_structure
+    model = load_model_ref("llama3-8b")
+    s = Strategy(pp=4, vpp=2, dp=1, micro_batch_size=1, global_batch_size=12, seq_length=4096)
+    check_structure(s, model)                                          # 12 = 3 x 4
+    for m, n, ok in ((10, None, False), (10, 5, True), (10, 6, True), (13, 5, False), (10, 3, False), (10, 11, False)):
+        t = s.with_(global_batch_size=m, microbatch_group_size_per_vp_stage=n)
+        if ok:
+            check_structure(t, model)
+        else:
+            with pytest.raises(InvalidStrategy):
+                check_structure(t, model)
+    launch = parse_text("torchrun --nproc-per-node 8 pretrain_gpt.py --num-layers 32 --hidden-size 4096 "
+                        "--num-attention-heads 32 --vocab-size 128256 --seq-length 4096 --max-position-embeddings 4096 "
+                        "--pipeline-model-parallel-size 4 --num-virtual-stages-per-pipeline-rank 2 "
+                        "--micro-batch-size 1 --global-batch-size 20 --microbatch-group-size-per-virtual-pipeline-stage 5",
+                        "t.sh", env={}, default_world_size=8)
+    assert launch.strategy.microbatch_group_size_per_vp_stage == 5 and launch.strategy.num_microbatches == 10

@@ -5,13 +5,18 @@ the search's lower bounds must never exceed what `estimate` gives."""
 import itertools
 from dataclasses import replace
 
+import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
+from planner.cost.memory import stage_memory
 from planner.estimate import _time_key, estimate
+from planner.library import load_bundled_profile, load_model_ref
+from planner.placement import placement_of
 from planner.errors import InvalidStrategy
-from planner.search.planner import (MICRO_BATCHES, VPP_CHOICES, GpuBudget, SearchOptions, _Bounds, _Family,
-                                    _family_may_fit, _initial_split, _memory_screen, enumerate_space, search,
+from planner.search.family_screen import FamilyScreen
+from planner.search.planner import (MICRO_BATCHES, VPP_CHOICES, GpuBudget, SearchOptions, _Bounds,
+                                    _initial_split, _memory_screen, enumerate_space, search,
                                     stage_layouts, with_split)
 from planner.specs.cluster import cluster_from_dict
 from planner.specs.model import model_from_dict
@@ -119,10 +124,19 @@ def _assert_family_screen_passes(model, cluster, s, uneven, budget=GpuBudget()):
                     global_batch_size=s.global_batch_size, seq_length=s.seq_length,
                     recompute="none" if block else s.recompute, sequence_parallel=s.tp > 1,
                     precision=s.precision, overlap_grad_reduce=True)
-    fam = _Family(base, _time_key(base), block, (s.vpp,), stage_layouts(cluster, s.gpus_per_stage, s.pp, budget), 1)
-    fits, peak_lb = _family_may_fit(model, cluster, fam, (s.zero_stage,), uneven, {})
+    [fits], [peak_lb] = _screen_families(model, cluster, [base], block, (s.vpp,), (s.zero_stage,), uneven,
+                                          stage_layouts(cluster, s.gpus_per_stage, s.pp, budget))
     assert fits, s
     return peak_lb
+
+
+def _screen_families(model, cluster, bases, block, vpps, zeros, uneven, layouts):
+    """FamilyScreen over families of these strategies (vpp 1, any pp and dp) and stage layouts."""
+    screen = FamilyScreen(model, cluster, zeros, uneven)
+    names = tuple(sorted({g for orders in layouts.values() for gs in orders for g in gs}))
+    for b in bases:
+        screen.add(b, _time_key(b), b.pp, b.dp, b.num_microbatches, block, max(vpps), names)
+    return screen.run(every_peak=True)
 
 
 def _assert_peak_bounds(model, cluster, s, e, uneven, budget=GpuBudget()):
@@ -130,9 +144,15 @@ def _assert_peak_bounds(model, cluster, s, e, uneven, budget=GpuBudget()):
     bytes of any GPU, for the candidate (any split) and for its whole family (any vpp, ZeRO
     stage and placement); both hold whether or not the strategy fits."""
     peak = max(m.total for m in e.memory)
-    may_fit, _, _, peak_lb = _memory_screen(model, cluster, s, need_short=False, uneven=uneven)
+    bounds = _Bounds(model, cluster)
+    reach = bounds.dense_ranks(s.pp, s.vpp)   # MoE-only ranks get an MoE layer's bytes
+    may_fit, n_max, peak_lb = _memory_screen(model, cluster, s, uneven=uneven, dense_reach=reach)
     assert peak_lb <= peak * (1 + 1e-12), s
     assert may_fit or not e.fits, s      # the candidate screen never rules out a plan that fits
+    if e.fits and s.recompute_num_layers is None:
+        # the bound the screened candidate is queued again with: the most layers each stage holds
+        groups = s.stage_node_groups or (cluster.node_groups[0].name,) * s.pp
+        assert bounds.candidate(s, _time_key(s), groups, n_max) <= e.step_time_s * (1 + 1e-9), s
     if e.fits:
         assert _assert_family_screen_passes(model, cluster, s, uneven, budget) <= peak * (1 + 1e-12), s
 
@@ -213,15 +233,17 @@ MOE_DENSE_FIRST = model_from_dict({**{k: getattr(MOE, k) for k in (
     "moe_router_topk", "moe_ffn_hidden_size")}, "name": "moe-4-dense-first", "moe_layer_freq": [0, 1, 1, 1]}, "test")
 
 
-@pytest.mark.parametrize("model", [MOE, MOE_DENSE_FIRST], ids=["all-moe", "dense-first"])
-def test_moe_parallel_folding_against_brute_force(model):
+@pytest.mark.parametrize("model,cluster", [(MOE, HOMOGENEOUS), (MOE_DENSE_FIRST, HOMOGENEOUS),
+                                           (MOE_DENSE_FIRST, MIXED)],
+                         ids=["all-moe", "dense-first", "dense-first-h100+a100"])
+def test_moe_parallel_folding_against_brute_force(model, cluster):
     o = replace(OPTIONS, recompute=("none", "full"), zero_stages=(1,), partial_recompute=False)
-    space = list(enumerate_space(model, HOMOGENEOUS, o))
+    space = list(enumerate_space(model, cluster, o))
     assert any(etp not in (1, tp) for tp, _, _, _, _, etp in space)     # expert-TP beyond {1, tp}
     assert any(ep > dp for _, _, _, dp, ep, _ in space)                 # EP folded over TP ranks
-    best, n_fit, n_all, _ = _brute_force(model, HOMOGENEOUS, o)
+    best, n_fit, n_all, _ = _brute_force(model, cluster, o)
     assert 0 < n_fit < n_all
-    r = search(model, HOMOGENEOUS, o)
+    r = search(model, cluster, o)
     assert r.plans[0].step_time_s == pytest.approx(best.step_time_s, rel=1e-9), (r.plans[0].strategy, best.strategy)
     _assert_counts_add_up(r)
 
@@ -557,6 +579,41 @@ def test_mixed_floor_never_exceeds_the_least_slowest_stage():
     assert tighter > 100
 
 
+def test_mixed_count_minmax_never_exceeds_the_least_slowest_stage():
+    """_mixed_count_minmax against every whole-layer placement: stage i (k_i of it alike) holds
+    n_i MoE and d_i dense layers, n_i + d_i <= its memory cap, at least one layer, the d_i
+    summing to n_dense, and takes e_i + n_i a_i + d_i c_i (c_i <= a_i, a dense layer's seconds).
+    The bound must not exceed the least slowest stage, and on a slow stage that memory forces
+    to take MoE layers it must be the worked value."""
+    import random
+    from planner.search.planner import _mixed_count_minmax
+    # two fast stages hold 2 layers each, the slow one takes the rest: 1 dense layer anywhere,
+    # so at least 7 - 2 - 2 - 1 = 2 MoE layers on the slow stage: T >= 2 x 10 s
+    stages = {(1.0, 0.0, 2): 2, (10.0, 0.0, 10): 1}
+    assert _mixed_count_minmax(stages, 7, 1, 0.0) == pytest.approx(20.0, rel=1e-8)
+    rng = random.Random(11)
+    for _ in range(300):
+        rows = [(rng.uniform(1, 10), rng.uniform(0, 5), rng.randint(1, 4)) for _ in range(rng.randint(1, 3))]
+        dense = [rng.uniform(0, 1) * a for a, _, _ in rows]
+        L = rng.randint(len(rows), sum(c for _, _, c in rows))
+        n_dense = rng.randint(0, min(2, L))
+        best = float("inf")
+        for counts in itertools.product(*[range(1, c + 1) for _, _, c in rows]):
+            if sum(counts) != L:
+                continue
+            for ds in itertools.product(*[range(0, n + 1) for n in counts]):
+                if sum(ds) != n_dense:
+                    continue
+                best = min(best, max(e + (n - d) * a + d * c for (a, e, _), c, n, d in zip(rows, dense, counts, ds)))
+        if best == float("inf"):
+            continue
+        stages: dict = {}
+        for a, e, cap in rows:
+            stages[(a, e, cap)] = stages.get((a, e, cap), 0) + 1
+        lo = max(e for _, e, _ in rows)
+        assert _mixed_count_minmax(stages, L, n_dense, lo) <= best * (1 + 1e-12), (rows, dense, L, n_dense)
+
+
 @pytest.mark.parametrize("freq", [[0, 1, 1, 1, 1, 1, 1, 1], [0, 0, 0, 1, 1, 1, 1, 1], [1, 0, 1, 0, 1, 0, 1, 0],
                                   [1, 1, 1, 1, 1, 1, 0, 0]])
 def test_dense_ranks_hold_every_dense_layer_of_every_split(freq):
@@ -585,3 +642,85 @@ def test_dense_ranks_hold_every_dense_layer_of_every_split(freq):
         assert reached <= b.dense_ranks(p, v), (freq, p, v, reached, b.dense_ranks(p, v))
         if freq[0] == 0 and sum(1 for x in freq if x == 0) < p and L - V < p:
             assert b.dense_ranks(p, v) != frozenset(range(p))    # the bound has something to use
+
+
+@pytest.mark.parametrize("model", [MODEL, MOE_DENSE_FIRST], ids=["dense", "dense-first-moe"])
+def test_family_screen_shares_only_what_each_table_leaves_out(model):
+    """FamilyScreen shares a rank's state bytes across micro-batch sizes and recompute, its
+    activation bytes across data-parallel sizes and ZeRO stages, and both across pipeline
+    depths: screening every family with one shared screen gives exactly what a fresh screen
+    per family gives."""
+    o = replace(OPTIONS, recompute=("none", "selective", "full"), zero_stages=(0, 1, 3))
+    shared = FamilyScreen(model, MIXED, (0, 1, 3), False)
+    alone, added = [], []
+    for tp, cp, pp, dp, ep, etp in enumerate_space(model, MIXED, o):
+        layouts = stage_layouts(MIXED, tp * cp * dp, pp, GpuBudget())
+        if not layouts:
+            continue
+        for mbs, seq, rec, block in itertools.product((1, 2), (o.seq_length, 32 * o.seq_length),
+                                                      ("none", "full"), (False, True)):
+            if o.global_batch_size % (mbs * dp) == 0 and not (block and rec == "full"):
+                base = Strategy(tp=tp, cp=cp, pp=pp, dp=dp, ep=ep, etp=etp, micro_batch_size=mbs,
+                                global_batch_size=o.global_batch_size, seq_length=seq, recompute=rec,
+                                sequence_parallel=tp > 1, overlap_grad_reduce=True)
+                names = tuple(sorted({g for orders in layouts.values() for gs in orders for g in gs}))
+                shared.add(base, _time_key(base), pp, dp, base.num_microbatches, block, 1, names)
+                added.append((base, block, names))
+                alone.append(_screen_families(model, MIXED, [base], block, (1,), (0, 1, 3), False, layouts))
+    fit, peak = shared.run(every_peak=True)
+    assert len(alone) > 40 and 0 < fit.sum() < len(fit)   # both verdicts occur
+    assert [(bool(f), float(p)) for f, p in zip(fit, peak)] == [(bool(f[0]), float(p[0])) for f, p in alone]
+    # the search's own run bounds the peak of the families that may fit, the others on demand
+    again = FamilyScreen(model, MIXED, (0, 1, 3), False)
+    for base, block, names in added:
+        again.add(base, _time_key(base), base.pp, base.dp, base.num_microbatches, block, 1, names)
+    fit2, peak2 = again.run()
+    unfit = np.flatnonzero(~fit2)
+    assert (fit2 == fit).all() and (peak2[fit] == peak[fit]).all() and np.isnan(peak2[unfit]).all()
+    assert (again.peaks(unfit) == peak[unfit]).all()
+
+
+def test_a_ranks_memory_is_its_own():
+    """_fits_exactly shares a rank's verdict among block candidates that differ only in the
+    other ranks' layers and GPUs: a rank's memory (even chunks) does not change with them, and
+    does change with its own layers."""
+    model = load_model_ref("deepseek-v3")
+    base = Strategy(tp=4, pp=8, dp=2, ep=8, etp=1, micro_batch_size=1, global_batch_size=256, seq_length=4096,
+                    recompute="full", recompute_num_layers=2, sequence_parallel=True, zero_stage=1,
+                    overlap_grad_reduce=True)
+    gpu = load_bundled_profile("h100-sxm-80g")
+    splits = (((8, 8, 8, 8, 8, 8, 8, 5), None), ((8, 10, 6, 8, 6, 8, 8, 7), ("h100",) * 8),
+              ((8, 6, 10, 8, 10, 6, 6, 7), ("h100",) * 4 + ("a100",) * 4))
+    for rank in (0, 3):
+        seen = set()
+        for split, groups in splits:
+            s = replace(base, layers_per_stage=split, stage_node_groups=groups)
+            m = stage_memory(model, s, placement_of(s), rank, gpu)
+            seen.add((m.total, m.activations, m.buffers, m.parameters))
+        assert len(seen) == 1
+    own = replace(base, layers_per_stage=(8, 8, 8, 10, 6, 8, 8, 5))
+    assert stage_memory(model, own, placement_of(own), 3, gpu).total > next(iter(seen))[0]
+
+
+@pytest.mark.parametrize("model", [MODEL, MOE_DENSE_FIRST], ids=["dense", "dense-first-moe"])
+def test_candidate_screen_shares_its_terms_within_a_family(model):
+    """The search hands _memory_screen one terms cache per family and ZeRO stage: candidates
+    that differ in vpp, stage placement and split screen exactly as with a fresh cache."""
+    base = Strategy(tp=1, pp=4, dp=2, micro_batch_size=1, global_batch_size=16, seq_length=2048,
+                    recompute="none", overlap_grad_reduce=True, zero_stage=1, overlap_param_gather=True)
+    layouts = stage_layouts(MIXED, base.gpus_per_stage, base.pp, GpuBudget())
+    terms, checked = {}, 0
+    for orders in layouts.values():
+        for groups in orders:
+            for vpp in (1, 2):
+                for split in (None, (1, 1, 1, 1) if model.num_layers == 4 else None):
+                    s = base.with_(vpp=vpp, stage_node_groups=groups)
+                    if split is not None and vpp == 1:
+                        s = with_split(s, split)
+                    try:
+                        check_structure(s, model)
+                    except InvalidStrategy:
+                        continue
+                    assert _memory_screen(model, MIXED, s, terms=terms) == _memory_screen(model, MIXED, s)
+                    checked += 1
+    assert checked >= 4

@@ -123,3 +123,13 @@ def test_hf_configs_map():
     assert abs(m.parameters / 235e9 - 1) < 0.01 and abs(m.active_parameters / 22e9 - 1) < 0.02
     with pytest.raises(SpecError, match="model_type"):
         model_from_hf({**llama, "model_type": "bert"}, "config.json")
+
+
+def test_a_null_field_is_a_field_left_out():
+    """`num_query_groups: null` (or a bare `num_query_groups:`) is the field left out: its
+    default (one group per head), not a crash (found by the mutated-spec fuzz test)."""
+    base = {"name": "m", "num_layers": 2, "hidden_size": 256, "num_attention_heads": 8, "ffn_hidden_size": 1024,
+            "vocab_size": 1000, "max_position_embeddings": 512}
+    assert model_from_dict({**base, "num_query_groups": None}, "m.yaml") == model_from_dict(base, "m.yaml")
+    with pytest.raises(SpecError, match="num_query_groups"):
+        model_from_dict({**base, "num_query_groups": 3}, "m.yaml")

@@ -20,6 +20,27 @@ def test_every_published_bridge_configuration_is_judged_to_fit():
     assert [r["id"] for r in rows if not r["fits"]] == []
 
 
+def test_launches_that_ran_break_no_megatron_rule():
+    """Every launch in the validation sets ran (NVIDIA's Bridge recipes) or is transcribed as a
+    launch Megatron-LM would accept (the published layouts): no rule of planner/megatron/rules.py
+    may refuse one. (The EP-overlap rules found the DeepSeek-V3 transcription on PP16 without
+    a virtual pipeline, which TransformerConfig refuses.)"""
+    import yaml
+
+    from planner.megatron.launch import parse_file
+    from planner.megatron.rules import megatron_violations
+
+    perf = {r["id"]: r for r in yaml.safe_load(open(bridge.DATA / "megatron_bridge_perf.yaml"))["rows"]}
+    bad = {}
+    for row in yaml.safe_load(open(bridge.DATA / "megatron_bridge_launches.yaml"))["rows"]:
+        launch = bridge.read_launch(row["launch"], row["id"], perf[row["id"]]["gpus"])
+        bad[row["id"]] = [str(v) for v in megatron_violations(launch)]
+    for name, world in (("deepseek-v3.sh", 2048), ("llama3-405b-meta.sh", 16384)):
+        launch = parse_file(bridge.DATA / "published" / name, env={}, default_world_size=world)
+        bad[name] = [str(v) for v in megatron_violations(launch)]
+    assert len(bad) == 25 and not any(bad.values()), {k: v for k, v in bad.items() if v}
+
+
 def test_dense_bridge_step_times_within_ten_percent():
     rows = [r for r in bridge.rows() if r["id"].startswith("llama")]
     assert len(rows) == 11

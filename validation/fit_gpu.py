@@ -7,9 +7,10 @@ Usage: python validation/fit_gpu.py --gpu h100|b200|all [--rows dense|moe|all]
 
 The defaults reproduce the bundled profiles' choice of matmul_fp8 and flash_attention on the
 dense (Llama) rows; host_launch_overhead (25 us, one host constant for every profile) was chosen
-on the MoE rows with those fixed, before the EP-overlap window counted the host's time: now
-`--gpu all --rows moe` prefers 30 us by under a point of MAPE (see README, Accuracy). Each grid point prints
-its MAPE and the per-row errors.
+on the MoE rows with those fixed; with MoE layers placed by their schedule
+(cost/moe_schedule.py) and one cuBLAS GEMM per local expert, `--gpu all --rows moe` still prefers
+25 us (18.2%; 18.9% at 20 us, 25.0% at 30 us), from rows that err on both sides of zero (see
+README, Accuracy). Each grid point prints its MAPE and the per-row errors.
 """
 
 from __future__ import annotations

@@ -33,6 +33,9 @@ class Link:
     ranks_per_node: int
     nodes: int
     intra_bandwidth_bytes_per_s: float   # for all-to-all's on-node share
+    # the NIC share of the group's ranks on one node before a ring's cap by the scale-up fabric
+    # (bandwidth_bytes_per_s): an all-to-all's off-node share leaves through the NICs directly
+    nic_bandwidth_bytes_per_s: float | None = None
 
 
 def group_link(groups: list[NodeGroup], n: int, stride: int, cluster: ClusterSpec) -> Link:
@@ -66,8 +69,7 @@ def group_link(groups: list[NodeGroup], n: int, stride: int, cluster: ClusterSpe
                 lat = max(lat, ic.latency_s)
                 if share < bw:
                     bw, why = share, f"interconnect {names[i]}-{names[jx]} ({ic.bandwidth_bytes_per_s * 8 / 1e9:g} Gb/s per node)"
-    bw = min(bw, intra) if j > 1 else bw
-    return Link(bw, lat, why, j, k, intra)
+    return Link(min(bw, intra) if j > 1 else bw, lat, why, j, k, intra, nic_bandwidth_bytes_per_s=bw)
 
 
 def collective_time(kind: str, message_bytes: float, n: int, link: Link) -> float:
@@ -99,7 +101,7 @@ def hierarchical_all_to_all_time(on_node_bytes: float, off_node_bytes: float, li
     a = link.latency_s
     if link.nodes == 1 or off_node_bytes <= 0:
         return on_node_bytes / link.intra_bandwidth_bytes_per_s + a
-    per_gpu_nic = link.bandwidth_bytes_per_s / link.ranks_per_node
+    per_gpu_nic = (link.nic_bandwidth_bytes_per_s or link.bandwidth_bytes_per_s) / link.ranks_per_node
     return max(on_node_bytes / link.intra_bandwidth_bytes_per_s, off_node_bytes / per_gpu_nic) + 2 * a
 
 

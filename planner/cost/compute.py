@@ -20,6 +20,7 @@ from ..specs.hardware import GPUProfile
 from ..specs.model import ModelSpec
 from ..strategy import Strategy
 from .activations import attention_on_gpu, expert_tokens_per_rank
+from .moe_schedule import MoENodes, ScheduleNode
 
 BYTES_16BIT = 2
 # Flash-attention backward does 5 matmuls to the forward's 2 (it recomputes P): 2.5x forward FLOPs
@@ -37,21 +38,28 @@ class LayerTime:
     core_attention_forward: float  # the part selective recompute repeats
     column_parallel_gemm_forward: float  # forward GEMMs of the column-parallel linears (QKV, fc1):
     # their backward TP collectives overlap their own wgrad/dgrad GEMMs (cost/parallel.py)
-    shared_expert_forward: float   # forward GEMMs of a MoE layer's shared expert (hides the dispatch)
     flops_forward: float      # hardware FLOPs of the forward pass
     host_forward: float = 0.0   # host seconds to issue the forward's kernels (0 under a CUDA graph)
     host_backward: float = 0.0  # host seconds to issue the backward's (and recompute's) kernels
-    host_synced: bool = False   # the forward waits on the GPU once (dropless MoE: token counts)
     # with --tp-comm-overlap: per TP-split GEMM in forward order (QKV, out-proj, fc1, fc2 or the
     # shared expert's), (its time whole, its time as tp chunks of m / tp rows): userbuffers run
     # it chunk by chunk while the ring exchange brings the next chunk
     tp_overlap_gemms: tuple = ()
     tp_degree: int = 1
-    host_sync_wait: float = 0.0   # after the sync the GPU idles while the host issues the next kernels
+    # a MoE layer as the units its schedule places on the GPU's streams (cost/moe_schedule.py)
+    moe_nodes: MoENodes | None = None
 
     @property
     def total(self) -> float:
         return self.forward + self.backward_input + self.backward_weight + self.recompute
+
+
+# The MoE layer's parts by schedule node: the routed experts (the "mlp" node, between dispatch
+# and combine) and what the combine node runs after its all-to-all (combine_postprocess's
+# unpermutation, the mlp bias-dropout-add); every other part is the pre-dispatch node
+# (attention, pre-MLP norm, shared expert, router, dispatch preprocess's permutation).
+MOE_EXPERT_PARTS = ("experts_fc1", "moe_act", "experts_fc2")
+MOE_POST_COMBINE_PARTS = ("unpermute", "residual_mlp")
 
 
 def gemm_efficiency(gpu: GPUProfile, dtype: str, m: float, n: float, k: float) -> float:
@@ -116,11 +124,15 @@ def attention_head_dims(model: ModelSpec):
 # Kernels the host issues per forward module when a layer runs eagerly (PyTorch ops, Megatron
 # and Transformer Engine modules; counted from their forward paths at Megatron-LM d98e8a6 / TE
 # d0067d0, a planner estimate): a TE linear launches its GEMM plus its cast/amax bookkeeping; a
-# grouped linear under fp8 quantizes each local expert's rows separately; the router's softmax /
+# grouped linear launches one cuBLAS GEMM per local expert (multi_stream_cublas_gemm in
+# transformer_engine/common/gemm/cublaslt_gemm.cu; the CUTLASS grouped kernel is opt-in,
+# NVTE_USE_CUTLASS_GROUPED_GEMM, Hopper bf16 only) and under fp8 quantizes each expert's rows
+# separately; the router's softmax /
 # top-k / aux-loss ops and the token permutation are many small kernels. The backward issues
-# about twice the forward's (dgrad and wgrad per GEMM, a backward per elementwise op).
+# about twice the forward's (dgrad and wgrad per GEMM, a backward per elementwise op). An
+# all-to-all is one NCCL kernel.
 HOST_KERNELS = {"te_linear": 3, "te_linear_fp8": 6, "norm": 1, "rope": 2, "attention": 3, "residual": 1,
-                "activation": 1, "router": 14, "permute": 8, "unpermute": 6}
+                "activation": 1, "router": 14, "permute": 8, "unpermute": 6, "all_to_all": 1}
 HOST_BACKWARD_PER_FORWARD_KERNEL = 2.0
 
 
@@ -133,25 +145,41 @@ class _Parts:
         self.gemm: dict[str, float] = {}   # GEMM share of each part (dgrad and wgrad repeat it)
         self.flops = 0.0
         self.kernels: dict[str, float] = {}
+        self.gpu_kernels: dict[str, float] = {}   # kernels whose fixed cost the times include
 
-    def _add(self, part: str, seconds: float, kernels: float, gemm: bool) -> None:
+    def _add(self, part: str, seconds: float, kernels: float, gemm: bool, gpu_kernels: float = 0.0) -> None:
         self.time[part] = self.time.get(part, 0.0) + seconds
         self.kernels[part] = self.kernels.get(part, 0.0) + kernels
+        self.gpu_kernels[part] = self.gpu_kernels.get(part, 0.0) + gpu_kernels
         if gemm:
             self.gemm[part] = self.gemm.get(part, 0.0) + seconds
+
+    def charge_kernels(self) -> None:
+        """Every kernel a part launches costs the GPU its fixed kernel_overhead (launch and tail),
+        also the small ones the roofline terms do not price (a TE linear's casts and amax
+        bookkeeping, the router's and the permutation's many ops): the kernel counts the host
+        issues (HOST_KERNELS) beyond those the part's times already include. They are
+        elementwise work, so the backward repeats them twice (layer_time)."""
+        per = self.gpu.efficiency.kernel_overhead_s * self.gpu.compute_time_scale
+        for part, k in self.kernels.items():
+            extra = k - self.gpu_kernels.get(part, 0.0)
+            if extra > 0:
+                self.time[part] = self.time.get(part, 0.0) + extra * per
 
     def linear(self, part: str, m: float, n: float, k: float, batch: float = 1, grouped: bool = False) -> None:
         """A (TE) linear layer: its GEMM(s); under fp8 its input is quantized unless a fused
         norm produced it in fp8 (quantize_input=False is passed for those)."""
-        self._add(part, gemm_time(self.gpu, self.dt, m, n, k, batch), 0.0, True)
+        self._add(part, gemm_time(self.gpu, self.dt, m, n, k, batch), 0.0, True, 1.0)
         self.flops += 2.0 * m * n * k * batch
         host = HOST_KERNELS["te_linear_fp8" if self.fp8 else "te_linear"]
-        if grouped and self.fp8:
-            host += 2 * batch          # per-expert quantization of the grouped inputs
+        if grouped:
+            host += batch - 1          # one cuBLAS GEMM per expert (TE multi_stream_cublas_gemm)
+            if self.fp8:
+                host += 2 * batch      # per-expert quantization of the grouped inputs
         self.kernels[part] = self.kernels.get(part, 0.0) + host
 
     def stream(self, part: str, nbytes: float, kernels: int, host: float | None = None) -> None:
-        self._add(part, stream_time(self.gpu, nbytes, kernels), kernels if host is None else host, False)
+        self._add(part, stream_time(self.gpu, nbytes, kernels), kernels if host is None else host, False, kernels)
 
     def quantize(self, part: str, elements: float, current_scaling: bool) -> None:
         """fp8 cast of a 16-bit tensor: read 2 bytes, write 1 (+ a 2-byte amax pass with current
@@ -258,7 +286,7 @@ def layer_time(model: ModelSpec, s: Strategy, gpu: GPUProfile, moe: bool) -> Lay
         core = gpu.compute_time_scale * (attn_flops / (gpu.peak(dt if dt != "fp8" else "bf16")
                                                        * gpu.efficiency.flash_attention)
                                          + gpu.efficiency.kernel_overhead_s)
-        P._add("core_attn", core, HOST_KERNELS["attention"], False)
+        P._add("core_attn", core, HOST_KERNELS["attention"], False, 1.0)
         core_bwd = core * FLASH_BACKWARD_FACTOR
     else:
         # two batched GEMMs per (micro-batch, local head): QK^T (s_q x d) @ (d x s_k) and
@@ -270,7 +298,7 @@ def layer_time(model: ModelSpec, s: Strategy, gpu: GPUProfile, moe: bool) -> Lay
         score_elems = s_q * s.seq_length * b * a_loc
         bytes_sm = BYTES_16BIT * 2 * score_elems + (5 * score_elems if model.attention_dropout > 0 else 0)
         core += stream_time(gpu, bytes_sm, kernels=2)
-        P._add("core_attn", core, HOST_KERNELS["attention"] + 2, False)
+        P._add("core_attn", core, HOST_KERNELS["attention"] + 2, False, 4.0)
         core_bwd = 2 * core
     P.flops += attn_flops
     if fp8:
@@ -301,12 +329,12 @@ def layer_time(model: ModelSpec, s: Strategy, gpu: GPUProfile, moe: bool) -> Lay
         if fp8:
             P.quantize("experts_fc1", T * h, cs)
         P.linear("experts_fc1", T / e_loc, f * glu, h, batch=e_loc, grouped=True)
-        P._add("experts_fc1", (e_loc - 1) * gpu.efficiency.kernel_overhead_s * gpu.compute_time_scale, 0.0, True)
+        P._add("experts_fc1", (e_loc - 1) * gpu.efficiency.kernel_overhead_s * gpu.compute_time_scale, 0.0, True, e_loc - 1)
         P.stream("moe_act", BYTES_16BIT * T * f * (glu + 1), 1, HOST_KERNELS["activation"])
         if fp8:
             P.quantize("experts_fc2", T * f, cs)
         P.linear("experts_fc2", T / e_loc, h, f, batch=e_loc, grouped=True)
-        P._add("experts_fc2", (e_loc - 1) * gpu.efficiency.kernel_overhead_s * gpu.compute_time_scale, 0.0, True)
+        P._add("experts_fc2", (e_loc - 1) * gpu.efficiency.kernel_overhead_s * gpu.compute_time_scale, 0.0, True, e_loc - 1)
         P.stream("unpermute", 2 * BYTES_16BIT * T * h, 2, HOST_KERNELS["unpermute"])
         if model.moe_shared_expert_intermediate_size:
             fs = model.moe_shared_expert_intermediate_size
@@ -316,6 +344,7 @@ def layer_time(model: ModelSpec, s: Strategy, gpu: GPUProfile, moe: bool) -> Lay
                 P.quantize("shared", M * fs / t, cs)
             P.linear("shared", M, h, fs / t)
     P.stream("residual_mlp", res_bytes, 1, HOST_KERNELS["residual"])
+    P.charge_kernels()
     fwd = P.total()
     gemm_fwd = sum(P.gemm.values())
     elementwise = fwd - gemm_fwd - core
@@ -347,10 +376,17 @@ def layer_time(model: ModelSpec, s: Strategy, gpu: GPUProfile, moe: bool) -> Lay
             host_b += host_f
         elif rec_parts:
             host_b += P.host([k for k in rec_parts if eager is None or k in eager]) * gpu.efficiency.host_launch_overhead_s
-    synced = moe and s.moe_token_dispatcher_type != "allgather" and not s.moe_pad_expert_input_to_capacity
-    # once the host has waited for the token counts, the permutation's and the dispatch's kernels
-    # run as fast as the host issues them (the GPU has nothing queued)
-    sync_wait = (HOST_KERNELS["permute"] + HOST_KERNELS["unpermute"]) * gpu.efficiency.host_launch_overhead_s if synced else 0.0
+    nodes = None
+    if moe:
+        host_s = 0.0 if graphed is not None and "*" in graphed else gpu.efficiency.host_launch_overhead_s
+        # dropless routing: the host waits for the token counts (alltoall / flex dispatchers)
+        synced = s.moe_token_dispatcher_type != "allgather" and not s.moe_pad_expert_input_to_capacity
+        # a full recompute re-runs the whole forward, all-to-alls included: the schedule adds it
+        # as a forward of its own (cost/parallel.py moe_layer_seconds), so the units leave it out
+        nodes = MoENodes(*_moe_nodes(P, core, core_bwd, grad_quant, set() if rec_parts is None else rec_parts,
+                                     graphed, host_s),
+                         host_a2a_s=HOST_KERNELS["all_to_all"] * host_s, synced=synced,
+                         shared_forward_s=P.gemm.get("shared", 0.0))
     col_parts = ("qkv", "mla_up", "fc1", "shared")
     overlap = ()
     if s.tp_comm_overlap and t > 1 and s.sp:
@@ -364,9 +400,36 @@ def layer_time(model: ModelSpec, s: Strategy, gpu: GPUProfile, moe: bool) -> Lay
     return LayerTime(forward=fwd, backward_input=b_input, backward_weight=b_weight,
                      recompute=recompute, core_attention_forward=core, flops_forward=P.flops,
                      column_parallel_gemm_forward=sum(P.gemm.get(k, 0.0) for k in col_parts),
-                     shared_expert_forward=P.gemm.get("shared", 0.0),
-                     host_forward=host_f, host_backward=host_b, host_synced=synced, tp_overlap_gemms=overlap,
-                     tp_degree=t, host_sync_wait=sync_wait)
+                     host_forward=host_f, host_backward=host_b, tp_overlap_gemms=overlap,
+                     tp_degree=t, moe_nodes=nodes)
+
+
+def _moe_nodes(P: "_Parts", core: float, core_bwd: float, grad_quant: float, rec_parts, graphed,
+               host_s: float) -> tuple[ScheduleNode, ScheduleNode, ScheduleNode]:
+    """A MoE layer's (pre-dispatch, experts, post-combine) units from its parts, with the
+    backward rules layer_time applies to the whole layer (a GEMM's dgrad and wgrad each take its
+    forward time, elementwise work twice its forward, the fused attention's backward
+    FLASH_BACKWARD_FACTOR); the output-gradient quantizations of fp8 split between the
+    attention block and the experts. The units add up to the layer's LayerTime (less a full
+    recompute, which rec_parts leaves out)."""
+    parts = set(P.time) | set(P.kernels)
+    experts = set(MOE_EXPERT_PARTS) & parts
+    post = set(MOE_POST_COMBINE_PARTS) & parts
+    pre = parts - experts - post
+    out = []
+    for names, quant in ((pre, grad_quant / 2), (experts, grad_quant / 2), (post, 0.0)):
+        fwd = P.total(names)
+        gemm = sum(P.gemm.get(k, 0.0) for k in names)
+        c, c_bwd = (core, core_bwd) if "core_attn" in names else (0.0, 0.0)
+        recomputed = names & rec_parts
+        rec = P.total(recomputed) if recomputed else 0.0
+        eager = [k for k in names if graphed is None or k not in graphed]
+        host_f = P.host(eager) * host_s
+        host_rec = P.host([k for k in recomputed if k in eager]) * host_s if recomputed else 0.0
+        out.append(ScheduleNode(forward_s=fwd, backward_s=gemm + c_bwd + 2 * (fwd - gemm - c) + quant + rec,
+                                weight_s=gemm, host_forward_s=host_f,
+                                host_backward_s=host_f * HOST_BACKWARD_PER_FORWARD_KERNEL + host_rec))
+    return tuple(out)
 
 
 def output_layer_time(model: ModelSpec, s: Strategy, gpu: GPUProfile) -> tuple[float, float]:

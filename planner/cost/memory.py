@@ -223,7 +223,7 @@ def warmup_microbatches(s: Strategy, stage: int) -> int:
     (default p), +1 with --overlap-moe-expert-parallel-comm; at most v m."""
     p, m, v = s.pp, s.num_microbatches, s.vpp
     if v > 1:
-        w = 2 * (p - stage - 1) + (v - 1) * p
+        w = 2 * (p - stage - 1) + (v - 1) * s.microbatch_group_size
     else:
         w = p - stage - 1
     if s.overlap_moe_expert_parallel_comm:
@@ -465,22 +465,14 @@ def allocatable_bytes(model: ModelSpec, s: Strategy, gpu: GPUProfile) -> float:
     return (gpu.memory_bytes - fixed_overhead_bytes(model, s, gpu)) / (1.0 + gpu.fragmentation_fraction)
 
 
-def stage_fixed_bytes_lower_bound(model: ModelSpec, s: Strategy, placement: Placement, stage: int) -> float:
-    """Bytes of pipeline rank `stage` that do not scale with its layer count, at least: the
-    embedding / final norm / output layer (and MTP) states and activations it holds, the one
-    layer rebuilt at a time under full recompute (the lighter layer kind), and the ZeRO-2/3
-    buffers as small as any split makes them. For any split with even chunks, stage_memory(...)
-    .total >= this + sum over its layers of layer_memory_bytes(...); the search prunes with it."""
+def stage_fixed_state_bytes(model: ModelSpec, s: Strategy, placement: Placement, first: bool, last: bool) -> float:
+    """The states part of stage_fixed_bytes_parts: the embedding / final norm / output layer
+    (and MTP) parameters, gradients and optimizer state a first / last / middle rank holds,
+    and the ZeRO-2/3 buffers as small as any split makes them. It depends on the degrees, the
+    ZeRO stage and pp > 1, not on the micro-batch or recompute (the search shares it)."""
     bpp = bytes_per_param(s)
-    first, last = stage == 0, stage == s.pp - 1
     fp = layer_range_params(model, s, 0, 0, first, last)
     fixed = sum(placement.state_params(st, fp) * bpp[st] for st in STATES_AT_REST)
-    if first:
-        fixed += act.embedding_bytes(model, s) * in_flight_microbatches(s, stage)
-    if last:
-        fixed += act.output_layer_bytes(model, s) * (1 + model.mtp_num_layers)
-    if s.recompute == "full":
-        fixed += min(act.layer_bytes(model, s, moe, "none") for moe in model.layer_kinds)
     if s.zero_stage >= 2:
         bucket = max(DDP_BUCKET_MIN_PARAMS, DDP_BUCKET_PARAMS_PER_DP_RANK * s.dp * s.cp)
         fixed += min(bucket, placement.rank_params(fp)) * bpp["gradients"]
@@ -488,6 +480,35 @@ def stage_fixed_bytes_lower_bound(model: ModelSpec, s: Strategy, placement: Plac
         fixed += ZERO3_GATHERED_LAYERS * bpp["parameters"] * min(
             placement.rank_params(one_layer_params(model, moe)) for moe in model.layer_kinds)
     return fixed
+
+
+def stage_fixed_activation_parts(model: ModelSpec, s: Strategy, first: bool, last: bool) -> tuple[float, float]:
+    """The activations part of stage_fixed_bytes_parts, (bytes, bytes per micro-batch in
+    flight): the output layer's and loss's on the last rank, the one layer rebuilt at a time
+    under full recompute (the lighter layer kind), the embedding's per micro-batch on the
+    first. It depends on the micro-batch, sequence, TP / CP / EP split and recompute, not on
+    the data-parallel size or the ZeRO stage."""
+    fixed = 0.0
+    per_in_flight = act.embedding_bytes(model, s) if first else 0.0
+    if last:
+        fixed += act.output_layer_bytes(model, s) * (1 + model.mtp_num_layers)
+    if s.recompute == "full":
+        fixed += min(act.layer_bytes(model, s, moe, "none") for moe in model.layer_kinds)
+    return fixed, per_in_flight
+
+
+def stage_fixed_bytes_parts(model: ModelSpec, s: Strategy, placement: Placement, first: bool,
+                            last: bool) -> tuple[float, float]:
+    """(bytes, bytes per micro-batch in flight) of a first / last / middle pipeline rank that do
+    not scale with its layer count, at least: the embedding / final norm / output layer (and
+    MTP) states and activations it holds, the one layer rebuilt at a time under full recompute
+    (the lighter layer kind), and the ZeRO-2/3 buffers as small as any split makes them. For
+    any split with even chunks, rank i's stage_memory(...).total >= bytes + per micro-batch x
+    in_flight_microbatches(s, i) + sum over its layers of layer_memory_bytes(...); the search
+    prunes with it. They depend on the pipeline only through pp > 1 (the search caches them
+    across pipeline depths)."""
+    fixed, per_in_flight = stage_fixed_activation_parts(model, s, first, last)
+    return stage_fixed_state_bytes(model, s, placement, first, last) + fixed, per_in_flight
 
 
 def stage_memory(model: ModelSpec, s: Strategy, placement: Placement, stage: int, gpu: GPUProfile,

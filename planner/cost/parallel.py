@@ -10,16 +10,17 @@ agree. Sizes are bytes, times seconds.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from ..placement import Placement, data_collectives
 from ..specs.cluster import ClusterSpec, NodeGroup
 from ..specs.model import ModelSpec
 from ..strategy import Strategy
-from .activations import BYTES_16BIT, expert_tokens_per_rank
+from .activations import BYTES_16BIT
 from .comm import collective_time, group_link, hierarchical_all_to_all_time, p2p_link
-from .compute import FLASH_BACKWARD_FACTOR, HOST_BACKWARD_PER_FORWARD_KERNEL
-from .memory import gradient_comm_bytes, param_gather_bytes
+from .compute import FLASH_BACKWARD_FACTOR
+from .memory import gradient_comm_bytes, param_gather_bytes, warmup_microbatches
+from .moe_schedule import A2A, moe_layer_floor_s, moe_layer_seconds
 
 
 @dataclass(frozen=True)
@@ -291,47 +292,62 @@ def ep_layer_collectives(model: ModelSpec, s: Strategy, groups: list[NodeGroup],
     return {"forward": fwd, "backward": bwd}, link
 
 
-def ep_layer_exposed_s(phases: dict, lt, recomputed: bool, s: Strategy) -> float:
-    """Seconds one MoE layer's EP communication adds to a micro-batch (the forward again when
-    the layer or its MoE block is recomputed), given the layer's compute (LayerTime):
-    - --overlap-moe-expert-parallel-comm co-schedules the forward of the next micro-batch with
-      the backward of this one layer by layer (megatron/core/pipeline_parallel/combined_1f1b.py):
-      forward communication hides under the other's backward compute, backward communication under
-      the other's forward (and its weight gradients with --delay-wgrad-compute);
-    - --moe-shared-expert-overlap runs the shared expert's fc1 during the dispatch and fc2 during
-      the combine (token_dispatcher.py): forward communication hides under the shared expert."""
-    f = sum(c * t1 for _, c, t1, _ in phases["forward"])
-    b = sum(c * t1 for _, c, t1, _ in phases["backward"])
-    if recomputed:
-        f *= 2
-    if s.overlap_moe_expert_parallel_comm:
-        # the window is the other phase's wall time: its GPU work, or the host issuing its
-        # kernels when that is longer (estimate.host_bound), so slower kernels never hide more
-        # than they add; the delayed weight gradients are one of the backward's kernel sets
-        delayed = s.delay_wgrad_compute
-        cover_f = max(lt.backward_input + lt.backward_weight, lt.host_backward)
-        cover_b = max(lt.forward + (lt.backward_weight if delayed else 0.0),
-                      lt.host_forward + (lt.host_backward / HOST_BACKWARD_PER_FORWARD_KERNEL if delayed else 0.0))
-        return max(0.0, f - cover_f) + max(0.0, b - cover_b)
-    if s.moe_shared_expert_overlap:
-        f = max(0.0, f - lt.shared_expert_forward)
-    return f + b
+def ep_a2a(phases: dict) -> A2A:
+    """One MoE layer's EP collectives per micro-batch (ep_layer_collectives) as the schedule's
+    forward and backward all-to-all seconds."""
+    return A2A(sum(c * t1 for _, c, t1, _ in phases["forward"]), sum(c * t1 for _, c, t1, _ in phases["backward"]))
 
 
-def _moe_recomputed(s: Strategy) -> bool:
+def ep_overlapped(s: Strategy) -> bool:
+    """Whether the EP-overlap schedule runs (Megatron asserts expert parallelism for it)."""
+    return s.overlap_moe_expert_parallel_comm and s.ep > 1
+
+
+def moe_recomputed(s: Strategy) -> bool:
     return s.recompute == "full" or (s.recompute == "selective" and "moe" in s.recompute_modules)
+
+
+def moe_alone_share(s: Strategy, stage: int) -> float:
+    """Share of a stage's chunk steps that run a forward or a backward alone under the EP-overlap
+    schedule: its warm-up forwards (and as many cool-down backwards), which include the one
+    extra forward that keeps each merged forward and backward independent (one forward alone
+    without pipelining, combined_1f1b.py); 0 without it."""
+    if not ep_overlapped(s):
+        return 0.0
+    return warmup_microbatches(s, stage) / (s.num_microbatches * s.vpp)
+
+
+def _schedule_flags(s: Strategy, recomputed: bool) -> dict:
+    """The launch's choices a MoE layer's schedule depends on (cost/moe_schedule.py)."""
+    return {"overlap": ep_overlapped(s), "delay_wgrad": s.delay_wgrad_compute, "rerun": recomputed,
+            "full_recompute": recomputed and s.recompute == "full", "shared_overlap": s.moe_shared_expert_overlap}
+
+
+def moe_layer_costs(lt, s: Strategy, a2a: A2A, alone_share: float, recomputed: bool) -> tuple[float, float]:
+    """(compute, exposed EP) seconds of one MoE layer per micro-batch (cost/moe_schedule.py),
+    `recomputed`: the layer is fully recomputed (or its MoE block re-run)."""
+    return moe_layer_seconds(lt.moe_nodes, a2a, alone_share=alone_share, **_schedule_flags(s, recomputed))
+
+
+def moe_layer_floor(lt, s: Strategy, a2a: A2A, recomputed: bool) -> float:
+    """The least compute + exposed EP seconds of one MoE layer over every stage's warm-up share."""
+    return moe_layer_floor_s(lt.moe_nodes, a2a, **_schedule_flags(s, recomputed))
 
 
 def ep_cost(model: ModelSpec, s: Strategy, groups: list[NodeGroup], cluster: ClusterSpec, w: StageWork,
             moe_skipped: int) -> AxisCost:
+    """What the token all-to-alls add to a stage's micro-batch beyond its MoE layers' compute:
+    the layers placed with and without them by the schedule that runs (cost/moe_schedule.py)."""
     if not (model.is_moe and s.ep > 1 and w.moe_layers):
         return AxisCost("ep")
     phases, link = ep_layer_collectives(model, s, groups, cluster)
+    a2a = ep_a2a(phases)
     lt = w.layer_times[True]
-    recomputed_n = (w.moe_layers - moe_skipped) if _moe_recomputed(s) else 0
+    recomputed_n = (w.moe_layers - moe_skipped) if moe_recomputed(s) else 0
     plain_n = w.moe_layers - recomputed_n
-    exposed = (recomputed_n * ep_layer_exposed_s(phases, lt, True, s)
-               + plain_n * ep_layer_exposed_s(phases, lt, False, s))
+    share = moe_alone_share(s, w.stage)
+    exposed = (recomputed_n * moe_layer_costs(lt, s, a2a, share, True)[1]
+               + plain_n * moe_layer_costs(lt, s, a2a, share, False)[1])
     rows: dict = {}
     for phase, items in phases.items():
         for kind, cnt, t1, msg in items:
@@ -340,10 +356,10 @@ def ep_cost(model: ModelSpec, s: Strategy, groups: list[NodeGroup], cluster: Clu
             c0, _ = rows.get(key, (0.0, t1))
             rows[key] = (c0 + times, t1)
     raw = sum(c * t1 for c, t1 in rows.values())
-    share = exposed / raw if raw > 0 else 0.0
+    frac = exposed / raw if raw > 0 else 0.0
     m = w.microbatches
     return AxisCost("ep", per_microbatch_s=exposed,
-                    entries=tuple(CommEntry("ep", kind, msg, s.ep, c * m, t1 * c * m, t1 * c * m * share,
+                    entries=tuple(CommEntry("ep", kind, msg, s.ep, c * m, t1 * c * m, t1 * c * m * frac,
                                             link.bound_by, w.stage) for (kind, msg), (c, t1) in rows.items()))
 
 

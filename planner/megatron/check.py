@@ -5,9 +5,13 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 from ..errors import InvalidStrategy, SpecError
 from ..strategy import Strategy
+
+if TYPE_CHECKING:
+    from .launch import MegatronLaunch
 
 GIB = 2**30
 

@@ -511,6 +511,7 @@ def _strategy(v: dict, val, model: ModelSpec, world: int | None, source: str):
         scope_words = ["full_iteration"]
     s = Strategy(
         tp=tp, pp=pp, dp=max(dp, 1), cp=cp, ep=ep, etp=val("expert_tensor_parallel_size"), vpp=vpp,
+        microbatch_group_size_per_vp_stage=val("microbatch_group_size_per_vp_stage") if vpp > 1 else None,
         micro_batch_size=mbs, global_batch_size=gbs,
         seq_length=val("seq_length") or model.max_position_embeddings,
         recompute=recompute, recompute_num_layers=recompute_num_layers,

@@ -246,6 +246,29 @@ def megatron_violations(launch: MegatronLaunch, model: ModelSpec | None = None) 
             f"model parallel_size ({ep})", SOURCE_TC)
     if ws % (etp * ep * pp):
         bad("world-divisible-expert", f"world_size ({ws}) is not divisible by etp x ep x pp ({etp * ep * pp})", SOURCE_PS)
+    # --- EP communication overlap (TransformerConfig.__post_init__)
+    if val("overlap_moe_expert_parallel_comm"):
+        def ep_overlap(msg):
+            bad("ep-overlap", f"--overlap-moe-expert-parallel-comm {msg}", SOURCE_TC)
+        if pp > 1 and not vpp:
+            ep_overlap("needs a virtual pipeline (--num-virtual-stages-per-pipeline-rank) when pipeline size > 1")
+        if ep <= 1:
+            ep_overlap("needs expert model parallelism (--expert-model-parallel-size > 1)")
+        if val("moe_token_dispatcher_type") not in ("alltoall", "flex"):
+            ep_overlap("needs the alltoall or flex token dispatcher")
+        if gran == "full" or method is not None or r.get("recompute_num_layers") is not None:
+            ep_overlap("cannot run with full recomputation (--recompute-granularity full, "
+                       "--recompute-method, --recompute-num-layers)")
+        if gran == "selective" and "moe" in (val("recompute_modules") or []):
+            ep_overlap("cannot run with moe in --recompute-modules")
+        if not (val("bf16") or val("fp16")):
+            ep_overlap("needs a bf16 or fp16 model (--bf16 / --fp16)")
+        if val("moe_shared_expert_overlap"):
+            ep_overlap("cannot run with --moe-shared-expert-overlap")
+        if (val("mtp_num_layers") or 0) > 1:
+            ep_overlap("supports at most one MTP layer (--mtp-num-layers)")
+    if val("delay_wgrad_compute") and not val("overlap_moe_expert_parallel_comm"):
+        bad("delay-wgrad", "--delay-wgrad-compute needs --overlap-moe-expert-parallel-comm", SOURCE_TC)
     return out
 
 

@@ -73,7 +73,6 @@ class _Lexer:
 
     def tokens(self) -> list[_Tok]:
         out: list[_Tok] = []
-        at_word_start = True
         while self.i < len(self.s):
             c = self.peek()
             if c == "\\" and self.peek(1) == "\n":          # continuation

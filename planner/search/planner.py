@@ -5,6 +5,7 @@ ILP), and return the top K plans that fit."""
 
 from __future__ import annotations
 
+import gc
 import heapq
 import itertools
 import time
@@ -14,20 +15,21 @@ import numpy as np
 
 from ..errors import InvalidStrategy, PlannerError
 from ..estimate import Estimate, _layer_time, _time_key, estimate
-from ..cost.parallel import (cp_layer_exposed_s, cp_ring_step, ep_layer_collectives, ep_layer_exposed_s, pp_gather_s,
-                             pp_message_bytes, tp_layer_collectives, tp_layer_exposed_s)
+from ..cost.moe_schedule import NO_A2A
+from ..cost.parallel import (cp_layer_exposed_s, cp_ring_step, ep_a2a, ep_layer_collectives, moe_layer_floor,
+                             moe_recomputed, pp_gather_s, pp_message_bytes, tp_layer_collectives, tp_layer_exposed_s)
 from ..specs.cluster import ClusterSpec
 from ..specs.model import ModelSpec
 from ..strategy import Strategy, check_structure
 from ..cost import compute as C
-from ..cost.activations import BYTES_16BIT
 from ..cost.comm import collective_time, group_link, p2p_link
 from ..cost.memory import (allocatable_bytes, gradient_comm_bytes, in_flight_microbatches, layer_kept_activation_bytes,
                            layer_memory_bytes, layer_range_params, layer_state_bytes, one_layer_params,
-                           param_gather_bytes, stage_fixed_bytes_lower_bound, stage_memory)
+                           param_gather_bytes, stage_fixed_bytes_parts, stage_memory)
 from ..placement import data_collectives, placement_of
 from .objective import (MIN_GPU_FRACTION, GpuBudget, check_objective, dominates, figures, memory_figure,
                         usd_per_hour, usd_per_million_tokens)
+from .family_screen import FamilyScreen
 from .partition import PartitionProblem, partition_dp, partition_ilp
 
 # The space searched. These bound it; the top plan is the optimum of this space under the cost
@@ -299,10 +301,8 @@ def _proportional_split(model: ModelSpec, s: Strategy, cluster: ClusterSpec, gro
     """Layers in proportion to each stage GPU's speed (a starting point before the exact DP):
     each stage at least vpp layers, in multiples of `multiple`."""
     tk = _time_key(s)
-    speed = []
-    for name in groups:
-        gpu = cluster.group(name).gpu
-        speed.append(1.0 / _layer_time(model, tk, gpu, False).total)
+    rate = {name: 1.0 / _layer_time(model, tk, cluster.group(name).gpu, False).total for name in set(groups)}
+    speed = [rate[name] for name in groups]
     L, v, q = model.num_layers, s.vpp, multiple
     tot = sum(speed)
     raw = [L * x / tot for x in speed]
@@ -440,6 +440,7 @@ class _Bounds:
         self._extra: dict = {}
         self._pp: dict = {}
         self._after: dict = {}
+        self._after_groups: dict = {}
         self._work: dict = {}
         self._fam: dict = {}
         self._hop_min: dict = {}
@@ -472,10 +473,10 @@ class _Bounds:
             moe = dense
             if model.is_moe:
                 lt_m = _layer_time(model, tk, g.gpu, True)
-                moe = lt_m.total + tp(lt_m, True) + cp(lt_m)
-                if s.ep > 1:
-                    phases, _ = ep_layer_collectives(model, s, [g], self.cluster)
-                    moe += ep_layer_exposed_s(phases, lt_m, s.recompute == "full", s)
+                a2a = ep_a2a(ep_layer_collectives(model, s, [g], self.cluster)[0]) if s.ep > 1 else NO_A2A
+                # the MoE layer as its schedule places it, all-to-alls included, at the least
+                # warm-up share any stage has
+                moe = moe_layer_floor(lt_m, s, a2a, moe_recomputed(s)) + tp(lt_m, True) + cp(lt_m)
             v = self._layer[key] = (dense, moe)
         return v
 
@@ -663,30 +664,42 @@ class _Bounds:
             moe_only_mask = np.array([[r not in self.dense_ranks(p, int(x)) for r in range(p)] for x in vpps])
         ends = np.array([self.ends(s, tk, g) for g in names])
         per = s.gpus_per_stage
+        # hop[a, b, same node]: one send between stages on groups a and b (on one node only
+        # within a group), and each group's GPUs per node, for _same_node over whole orders
+        hop = np.array([[[self.pp_hop(s, x, y, same and x == y) for same in (False, True)] for y in names]
+                        for x in names])
+        gpn = np.array([self.cluster.group(g).gpus_per_node for g in names])
+        rank = np.arange(p - 1)
+        # every stage order of the cell at once: (orders, stages), then (orders, vpps, stages)
+        gi = np.array([[idx[g] for g in groups] for groups in orders])
+        n_orders, n_v = len(orders), len(vpps)
+        end = np.zeros((n_orders, p))
+        end[:, 0] += ends[gi[:, 0], 0]
+        end[:, -1] += ends[gi[:, -1], 1]
+        H = np.zeros((n_orders, p))
+        if p > 1:
+            a, b = gi[:, :-1], gi[:, 1:]
+            same = (a == b) & ((rank * per) // gpn[a] == ((rank + 2) * per - 1) // gpn[a])
+            h = hop[a, b, same.astype(int)]
+            H[:, :-1] = h
+            H[:, 1:] = np.maximum(H[:, 1:], h)
+        F, R = floor[gi], rinv[gi]
+        S = R.sum(axis=1)
+        e = end[:, None, :] + 2 * v[None] * H[:, None, :]
+        T = np.maximum((v[None] * F[:, None, :] + e).max(axis=2), (units + (e * R[:, None, :]).sum(axis=2)) / S[:, None])
+        if mixed is not None:   # one row per order and vpp
+            rows = (v[None] * moe[gi][:, None, :] + e).reshape(n_orders * n_v, p)
+            T = np.maximum(T, _mixed_floor_rows(rows, np.repeat(saves[gi], n_v, axis=0), mixed,
+                                                np.tile(v, (n_orders, 1)), np.tile(moe_only_mask, (n_orders, 1)))
+                           .reshape(n_orders, n_v))
+        W = least + e.sum(axis=2)
+        vv = v[:, 0]
+        pipe = (m * T if p == 1 else (m - 1.0 / vv) * T + W / vv).tolist()
         out = []
-        for groups in orders:
-            gi = np.array([idx[g] for g in groups])
-            end = np.zeros(p)
-            end[0] += ends[gi[0], 0]
-            end[-1] += ends[gi[-1], 1]
-            H = np.zeros(p)
-            if p > 1:
-                h = np.array([self.pp_hop(s, groups[i], groups[i + 1], self._same_node(groups, i, per))
-                              for i in range(p - 1)])
-                H[:-1] = h
-                H[1:] = np.maximum(H[1:], h)
-            F, R = floor[gi], rinv[gi]
-            S = R.sum()
-            e = end[None, :] + 2 * v * H[None, :]
-            T = np.maximum((v * F[None, :] + e).max(axis=1), (units + (e * R[None, :]).sum(axis=1)) / S)
-            if mixed is not None:   # one row per vpp
-                T = np.maximum(T, _mixed_floor_rows(v * moe[gi][None, :] + e, saves[gi], mixed, v, moe_only_mask))
-            W = least + e.sum(axis=1)
-            vv = v[:, 0]
-            pipe = m * T if p == 1 else (m - 1.0 / vv) * T + W / vv
+        for o, groups in enumerate(orders):
             for k, vpp in enumerate(vpps):
                 for z in zeros:
-                    out.append((float(pipe[k]) + after[z], vpp, z, groups))
+                    out.append((pipe[o][k] + after[z], vpp, z, groups))
         return out
 
     def _same_node(self, groups, i: int, per: int) -> bool:
@@ -720,6 +733,7 @@ class _Bounds:
                 seen[key] = 2 * v * self.pp_hop(s, *key)
             hop.append(seen[key])
         stages: dict = {}
+        moe_stages: dict = {}   # for the mixed count bound: (an MoE layer's seconds, fixed, most layers)
         W = least
         B, saves = [], []     # for the mixed floor: stage cost at v MoE layers, a dense layer's saving
         for i, g in enumerate(groups):
@@ -732,9 +746,12 @@ class _Bounds:
                 e += max(hop[i - 1] if i > 0 else 0.0, hop[i] if i < p - 1 else 0.0)
             if extra_s is not None:
                 e += extra_s[i]
-            cap = float("inf") if max_layers is None else max_layers[i] * w["unit_max"]
-            key = (w["rate"][g], w["floor"][g], e, cap, L if max_layers is None else max_layers[i])
+            n_cap = L if max_layers is None else max_layers[i]
+            cap = float("inf") if max_layers is None else n_cap * w["unit_max"]
+            key = (w["rate"][g], w["floor"][g], e, cap, n_cap)
             stages[key] = stages.get(key, 0) + 1
+            mkey = (w["moe"][g], e, n_cap)
+            moe_stages[mkey] = moe_stages.get(mkey, 0) + 1
             W += e
             B.append(v * w["moe"][g] + e)
             saves.append(w["dense_saves"][g])
@@ -743,6 +760,8 @@ class _Bounds:
         if mixed is not None:
             reach = self.dense_ranks(p, v)
             T = max(T, _mixed_floor(B, saves, mixed, v, [r not in reach for r in range(p)]))
+            if max_layers is not None:
+                T = max(T, _mixed_count_minmax(moe_stages, L, mixed, T))
         pipe = m * T if p == 1 else (m - 1.0 / v) * T + W / v
         return pipe + self.after_step(s, names)
 
@@ -773,41 +792,53 @@ class _Bounds:
         key = (s.tp, s.pp, s.dp, s.cp, s.ep, s.etp, z, s.offload_optimizer, tuple(names))
         v = self._after.get(key)
         if v is None:
-            if z != s.zero_stage:
-                s = replace(s, zero_stage=z, overlap_param_gather=z >= 1)
-            model = self.model
-            placement = placement_of(s)
-            all_stages = layer_range_params(model, s, 0, model.num_layers, True, True)
-            params = placement.state_params("optimizer", all_stages)
-            opt = 0.0
-            if not s.offload_optimizer:
-                opt = min(C.optimizer_time(params / s.pp, self.cluster.group(g).gpu, C.adam_step_bytes_per_param(s))
-                          for g in names)
-            # one layer's parameters per rank by group, the lighter layer kind present
-            per_layer = {g: min(getattr(one_layer_params(model, moe), g) for moe in model.layer_kinds)
-                         * placement.model_shard_factor(g) for g in ("dense", "norms", "experts")}
-
-            dp = {}
-            for g in names:
-                grp = [self.cluster.group(g)]
-                t = 0.0
-                for dc in data_collectives(placement):
-                    if dc.when != "per-step":
-                        continue
-                    if dc.group == "experts":
-                        n, stride = s.expert_dp, s.expert_tp * s.ep
-                    else:
-                        n, stride = s.dp * s.cp, s.tp
-                    msg = per_layer[dc.group] * (gradient_comm_bytes(s) if dc.tensor == "gradients"
-                                                 else param_gather_bytes(s))
-                    if n <= 1 or msg <= 0:
-                        continue
-                    link = group_link(grp, n, stride, self.cluster)
-                    t += collective_time(dc.kind, 2 * msg, n, link) - collective_time(dc.kind, msg, n, link)
-                dp[g] = t
+            params, step_bytes, dp = self._after_terms(s, z)
+            least_opt = 0.0 if s.offload_optimizer else min(
+                C.optimizer_time(params / s.pp, self.cluster.group(g).gpu, step_bytes) for g in names)
             # every group hosts a stage; the stage with the largest optimizer shard pays at
             # least the smallest DP term
-            v = self._after[key] = max(max(dp.values()), opt + min(dp.values()))
+            v = self._after[key] = max(max(dp[g] for g in names), least_opt + min(dp[g] for g in names))
+        return v
+
+    def _after_terms(self, s: Strategy, z: int) -> tuple[float, float, dict]:
+        """after_step's terms under ZeRO stage z: the optimizer-state parameters of the whole
+        model one data-parallel rank holds (a stage holds 1/pp of them at the mean), Adam's
+        bytes per parameter, and per node group one layer's share of the per-step DP
+        collectives. They depend on the pipeline depth only through pp > 1 (the tied output
+        layer's copy; placement's model axes are tp, ep and etp: pp splits by layers), so they
+        are cached across depths and groups."""
+        key = (s.tp, s.dp, s.cp, s.ep, s.etp, z, s.offload_optimizer, s.pp > 1)
+        v = self._after_groups.get(key)
+        if v is not None:
+            return v
+        if z != s.zero_stage:
+            s = replace(s, zero_stage=z, overlap_param_gather=z >= 1)
+        model = self.model
+        placement = placement_of(s)
+        all_stages = layer_range_params(model, s, 0, model.num_layers, True, True)
+        params = placement.state_params("optimizer", all_stages)
+        groups = self.cluster.node_groups
+        # one layer's parameters per rank by group, the lighter layer kind present
+        per_layer = {g: min(getattr(one_layer_params(model, moe), g) for moe in model.layer_kinds)
+                     * placement.model_shard_factor(g) for g in ("dense", "norms", "experts")}
+        dp = {}
+        for g in groups:
+            t = 0.0
+            for dc in data_collectives(placement):
+                if dc.when != "per-step":
+                    continue
+                if dc.group == "experts":
+                    n, stride = s.expert_dp, s.expert_tp * s.ep
+                else:
+                    n, stride = s.dp * s.cp, s.tp
+                msg = per_layer[dc.group] * (gradient_comm_bytes(s) if dc.tensor == "gradients"
+                                             else param_gather_bytes(s))
+                if n <= 1 or msg <= 0:
+                    continue
+                link = group_link([g], n, stride, self.cluster)
+                t += collective_time(dc.kind, 2 * msg, n, link) - collective_time(dc.kind, msg, n, link)
+            dp[g.name] = t
+        v = self._after_groups[key] = (params, C.adam_step_bytes_per_param(s), dp)
         return v
 
 
@@ -849,8 +880,6 @@ def _relaxed_minmax(stages: dict[tuple, int], units: float, n_min: int) -> float
 
 # Relative slack on a layer count computed from a time (floors of float quotients).
 _COUNT_TOL = 1e-9
-# Bisection steps of the integer min-max (the interval shrinks 2^-60: below any float gap).
-_BISECT_STEPS = 60
 
 
 def _integer_minmax(stages: dict[tuple, int], n_layers: int, n_min: int) -> float:
@@ -858,8 +887,8 @@ def _integer_minmax(stages: dict[tuple, int], n_layers: int, n_min: int) -> floa
     fixed seconds, at most n_cap layers in memory) holds at most min(n_cap, floor((T - e) / f))
     layers and at least n_min, and the stages must hold all n_layers. With a few layers per
     stage this is well above the fractional bound of _relaxed_minmax (61 layers on 24 stages
-    need a stage of 3). Bisection keeps the low end, where the layers do not fit, so the value
-    returned never exceeds the true least T."""
+    need a stage of 3). The low end of the step is kept, where the layers do not fit, so the
+    value returned never exceeds the true least T."""
     items = [(f, e, n_cap, k) for (_, f, e, _, n_cap), k in stages.items()]
 
     def held(T):
@@ -871,15 +900,53 @@ def _integer_minmax(stages: dict[tuple, int], n_layers: int, n_min: int) -> floa
     hi = max(max(n_cap, n_min) * f + e for f, e, n_cap, _ in items)
     if held(hi) < n_layers:
         return float("inf")
-    for _ in range(_BISECT_STEPS):
-        mid = 0.5 * (lo + hi)
-        if mid <= lo or mid >= hi:
-            break
-        if held(mid) >= n_layers:
-            hi = mid
-        else:
-            lo = mid
-    return lo
+    return _step_low(held, n_layers, items, lo)
+
+
+def _step_low(held, n_layers: int, items, lo: float) -> float:
+    """The low end of the least T >= lo with held(T) >= n_layers (held(lo) < n_layers <=
+    held(T) for some T): a T at which the layers still do not fit, the float just below the
+    step where they do. held counts, for each of `items` (f seconds a layer, e fixed seconds,
+    n_cap most layers, k stages alike), the j <= n_cap with e + j f / (1 + _COUNT_TOL) <= T:
+    so that step is where the weighted count of those times above lo reaches what lo lacks.
+    Rounding is settled against held itself, one float at a time."""
+    f, e, cap, k = (np.array(x) for x in zip(*items))
+    cap = cap.astype(np.int64)
+    owner = np.repeat(np.arange(len(cap)), cap)
+    j = np.arange(1, owner.size + 1) - np.repeat(np.cumsum(cap) - cap, cap)
+    times = e[owner] + j * (f[owner] / (1 + _COUNT_TOL))
+    above = times > lo
+    times, weight = times[above], k[owner][above]
+    order = np.argsort(times, kind="stable")
+    reached = held(lo) + np.cumsum(weight[order])
+    T = float(times[order][np.searchsorted(reached, n_layers)])
+    while held(T) < n_layers:
+        T = float(np.nextafter(T, np.inf))
+    while T > lo and held(T) >= n_layers:
+        T = float(np.nextafter(T, -np.inf))
+    return max(T, lo)
+
+
+def _mixed_count_minmax(stages: dict[tuple, int], n_layers: int, n_dense: int, lo: float) -> float:
+    """Least T (>= lo, a T known not to exceed the optimum) at which whole layers of a model with
+    n_dense dense and n_layers - n_dense MoE layers can fit: a stage (a MoE layer costs it a
+    seconds, e fixed seconds, at most n_cap layers in memory) holding k MoE and d dense layers
+    under T has k <= floor((T - e) / a) (dense layers cost >= 0) and k + d <= n_cap, and the
+    d's sum to at most n_dense, so all stages hold at most
+    sum min(n_cap, floor((T - e) / a)) + n_dense layers. Where memory forces many layers onto
+    slow stages this is far above _integer_minmax, which prices every layer as the cheaper kind
+    (DeepSeek-V3: 3 dense layers of 61). The low end is kept, as _integer_minmax does."""
+    items = [(a, e, n_cap, k) for (a, e, n_cap), k in stages.items()]
+
+    def held(T):
+        return n_dense + sum(k * min(n_cap, max(0, int((T - e) / a * (1 + _COUNT_TOL)))) for a, e, n_cap, k in items)
+
+    if held(lo) >= n_layers:
+        return lo
+    hi = max(lo, max(n_cap * a + e for a, e, n_cap, _ in items))   # every stage full
+    if held(hi) < n_layers:
+        return float("inf")
+    return _step_low(held, n_layers, items, lo)
 
 
 def _mixed_floor_rows(B, saves, n_dense: int, v, moe_only=None):
@@ -928,7 +995,7 @@ def balanced_chunks(layers_per_stage: tuple[int, ...], vpp: int) -> tuple[int, .
 
 def with_split(s: Strategy, split: tuple[int, ...] | None) -> Strategy:
     """s on layer split `split` (None: the default even split), with its chunk layout."""
-    return replace(s, layers_per_stage=split, chunk_layers=None if split is None else balanced_chunks(split, s.vpp))
+    return s.with_(layers_per_stage=split, chunk_layers=None if split is None else balanced_chunks(split, s.vpp))
 
 
 def _initial_split(model: ModelSpec, cluster: ClusterSpec, s: Strategy, groups: tuple[str, ...],
@@ -966,6 +1033,7 @@ class _Family:
     layouts: dict                  # stage counts per group -> stage orders
     count: int                     # candidates it stands for
     peak_lb: float = 0.0           # peak bytes per GPU no candidate of it goes below
+    names: tuple | None = None     # the groups its layouts use, sorted (None: read from layouts)
 
 
 @dataclass
@@ -1093,6 +1161,20 @@ def search(model: ModelSpec, cluster: ClusterSpec, o: SearchOptions, progress=No
     o.keep_dominated the best distinct plans, else the best of those no plan of the space
     dominates. `progress`, if given, is called with a SearchProgress every
     PROGRESS_INTERVAL_S seconds."""
+    # The search keeps 10^5-10^6 small tuples alive (families, queue entries, cache keys), and
+    # every cyclic garbage collection walks them all: 30% of DeepSeek-V3's search on mixed-512
+    # (14.5 s -> 10.3 s without it, measured side by side). It makes no reference cycles that
+    # must be freed while it runs, so collection waits until it returns.
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return _search(model, cluster, o, progress)
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def _search(model: ModelSpec, cluster: ClusterSpec, o: SearchOptions, progress) -> SearchResult:
     t0 = time.perf_counter()
     if model.position_embedding_type == "learned_absolute" and o.seq_length > model.max_position_embeddings:
         raise PlannerError(f"--seq-length {o.seq_length} exceeds the learned position table of {model.name} "
@@ -1137,7 +1219,8 @@ def search(model: ModelSpec, cluster: ClusterSpec, o: SearchOptions, progress=No
         if deferred:
             heapq.heappush(heap, (min(it[0] for it in deferred), next(tie), _DEFERRED, deferred))
 
-    # 1. families: degrees x micro-batch x recompute, bounded over all their stage placements.
+    # 1. families: degrees x micro-batch x recompute, screened by memory all at once
+    # (family_screen.py), and those that may fit bounded over all their stage placements.
     # A family is a tuple until it is reached; its Strategy is built from its time class's.
     classes: dict = {}
 
@@ -1153,10 +1236,10 @@ def search(model: ModelSpec, cluster: ClusterSpec, o: SearchOptions, progress=No
                                    tuple(sorted(g for g, c in caps.items() if c > 0)))
         return layouts_cache[lkey][1]
 
+    screen = FamilyScreen(model, cluster, zero_opts, o.uneven_chunks)
+    specs = []
     for tp, cp, pp, dp, ep, etp, mbs, m, rec, block, vh, count in _family_specs(model, cluster, o, layouts_of):
-        per = tp * cp * dp
-        lkey = (per, pp)
-        _, _, caps, _, usd_min, cap_names = layouts_cache[lkey]
+        lkey = (tp * cp * dp, pp)
         ckey = (tp, cp, ep, etp, mbs, "none" if block else rec)
         cls = classes.get(ckey)
         if cls is None:
@@ -1166,16 +1249,25 @@ def search(model: ModelSpec, cluster: ClusterSpec, o: SearchOptions, progress=No
                           overlap_grad_reduce=True)
             cls = classes[ckey] = (ts, _time_key(ts))
         res.candidates += count
-        lb = bounds.family(cls[0], cls[1], pp, m, per, caps, max(vh), cap_names)
+        screen.add(cls[0], ckey, pp, dp, m, block, max(vh), layouts_cache[lkey][5])
+        specs.append((cls, pp, dp, block, vh, lkey, count, m))
+    may_fit, peak_lbs = screen.run()
+    for i in np.flatnonzero(may_fit):
+        cls, pp, dp, block, vh, lkey, count, m = specs[i]
+        _, _, caps, _, usd_min, cap_names = layouts_cache[lkey]
+        lb = bounds.family(cls[0], cls[1], pp, m, lkey[0], caps, max(vh), cap_names)
         heapq.heappush(heap, (objective_lb(lb, usd_min), next(tie), _FAMILY,
-                              (cls, pp, dp, block, vh, lkey, count, lb)))
+                              (cls, pp, dp, block, vh, lkey, count, lb, float(peak_lbs[i]))))
+    unfit = np.flatnonzero(~may_fit)
+    res.pruned_memory += sum(specs[i][6] for i in unfit)
     # 2. best first: families -> cells -> candidates -> priced plans, until the K-th best plan
     # is better than every bound left
     seen: set = set()
+    rank_fits: dict = {}    # _fits_exactly's verdicts per rank, shared by block candidates
+    screen_terms: dict = {}  # _memory_screen's terms per family and ZeRO stage
+    screened_out: list = []  # candidates the memory screen ruled out before any plan was found
     closest = None
     done = 0
-    screens: dict = {}
-    unfit: list = []   # the first families memory ruled out, for the closest-plan report
     last_report = t0
 
     while heap:
@@ -1207,15 +1299,10 @@ def search(model: ModelSpec, cluster: ClusterSpec, o: SearchOptions, progress=No
             defer(deferred)
             continue
         if kind == _FAMILY:
-            (ts, tk), pp, dp, block, vh, lkey, count, step_lb = payload
-            layouts, _, _, usd, usd_min, _ = layouts_cache[lkey]
-            fam = _Family(replace(ts, pp=pp, dp=dp), tk, block, vh, layouts, count)
-            may_fit, fam.peak_lb = _family_may_fit(model, cluster, fam, zero_opts, o.uneven_chunks, screens)
-            if not may_fit:
-                res.pruned_memory += fam.count
-                if not plans.items and len(unfit) < _CLOSEST_FAMILIES:
-                    unfit.append(fam)
-                continue
+            (ts, tk), pp, dp, block, vh, lkey, count, step_lb, peak_lb = payload
+            layouts, _, _, usd, usd_min, cap_names = layouts_cache[lkey]
+            # a group has stages in some layout exactly when its cap is > 0
+            fam = _Family(ts.with_(pp=pp, dp=dp), tk, block, vh, layouts, count, peak_lb, names=cap_names)
             if plans.dominate(step_lb, fam.base.world_size, usd_step(step_lb, usd_min), fam.peak_lb):
                 res.pruned_dominated += fam.count
                 continue
@@ -1254,8 +1341,8 @@ def search(model: ModelSpec, cluster: ClusterSpec, o: SearchOptions, progress=No
             c, groups = _child(payload, cluster, uneven=False)
             valid, split = _initial_split(model, cluster, c, groups, uneven=False)
             per_chunk = min(split or c.stage_layers(model)) // c.vpp
-            ck = _least_block_recompute(model, cluster, replace(c, recompute="full", layers_per_stage=split),
-                                        per_chunk - 1)
+            ck = _least_block_recompute(model, cluster, c.with_(recompute="full", layers_per_stage=split),
+                                        per_chunk - 1, rank_fits)
             if ck is None:
                 res.pruned_memory += 1
                 continue
@@ -1267,12 +1354,13 @@ def search(model: ModelSpec, cluster: ClusterSpec, o: SearchOptions, progress=No
             valid, split = _initial_split(model, cluster, c, groups, o.uneven_chunks)
             c = with_split(c, split)
             done += 1
-            may_fit, short_bytes, n_max, peak_lb = _memory_screen(model, cluster, c, need_short=not plans.items,
-                                                                  uneven=o.uneven_chunks)
+            may_fit, n_max, peak_lb = _memory_screen(model, cluster, c, uneven=o.uneven_chunks,
+                                                     dense_reach=bounds.dense_ranks(c.pp, c.vpp),
+                                                     terms=screen_terms.setdefault((fam.base, c.zero_stage), {}))
             if not may_fit:
                 res.pruned_memory += 1
-                if short_bytes is not None and (closest is None or short_bytes < closest[0]):
-                    closest = (short_bytes, c)
+                if not plans.items:
+                    screened_out.append(c)
                 continue
             # with the layers each stage can hold, the bound may rise: queue it again
             b2 = bounds.candidate(c, payload[0].tk, groups, n_max)
@@ -1290,7 +1378,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, o: SearchOptions, progress=No
                 continue
             if c.recompute_num_layers is not None:
                 done += 1
-                if not _fits_exactly(model, cluster, c):
+                if not _fits_exactly(model, cluster, c, rank_fits):
                     res.pruned_memory += 1
                     continue
         best, short = _price(model, cluster, c, "dp", res, o.uneven_chunks)
@@ -1315,8 +1403,17 @@ def search(model: ModelSpec, cluster: ClusterSpec, o: SearchOptions, progress=No
     if res.plans:
         last = plans.items[min(o.top, len(plans.items)) - 1][0]
         res.hidden_dominated = sum(1 for x in plans.dominated_objs if x <= last)
+    if not res.plans:
+        # the closest-plan report: the exact shortfall of each candidate the screen ruled out
+        # (computed only now, as most searches find a plan)
+        for c in screened_out:
+            short = max(m.total - m.capacity for m in _stage_memories(model, cluster, c))
+            if closest is None or short < closest[0]:
+                closest = (short, c)
     if not res.plans and closest is None:
-        closest = _closest_of(model, cluster, unfit, zero_opts)
+        # the families memory ruled out with the least peak bytes, their candidates tried
+        near = unfit[np.argsort(screen.peaks(unfit), kind="stable")[:_CLOSEST_FAMILIES]]
+        closest = _closest_of(model, cluster, [_spec_family(specs[i], layouts_cache) for i in near], zero_opts)
     if not res.plans and closest is not None:
         try:
             res.closest = closest[1] if isinstance(closest[1], Estimate) else estimate(model, cluster, closest[1])
@@ -1331,6 +1428,13 @@ def search(model: ModelSpec, cluster: ClusterSpec, o: SearchOptions, progress=No
 
 # Families ruled out by memory whose smallest candidate is tried for the closest-plan report.
 _CLOSEST_FAMILIES = 32
+
+
+def _spec_family(spec: tuple, layouts_cache: dict) -> _Family:
+    """The _Family of one of search's family tuples."""
+    (ts, tk), pp, dp, block, vh, lkey, count, _ = spec
+    layouts, *_, cap_names = layouts_cache[lkey]
+    return _Family(ts.with_(pp=pp, dp=dp), tk, block, vh, layouts, count, names=cap_names)
 
 
 def _closest_of(model, cluster, families: list, zeros) -> tuple | None:
@@ -1356,15 +1460,9 @@ def _closest_of(model, cluster, families: list, zeros) -> tuple | None:
 def _child(payload, cluster: ClusterSpec, uneven: bool) -> tuple[Strategy, tuple[str, ...]]:
     """The Strategy of a queued candidate (built only when it is reached)."""
     fam, vpp, z, groups = payload[:4]
-    c = replace(fam.base, vpp=vpp, schedule="interleaved" if vpp > 1 else "1f1b",
-                zero_stage=z, overlap_param_gather=z >= 1,
-                stage_node_groups=groups if cluster.is_heterogeneous else None)
+    c = fam.base.with_(vpp=vpp, schedule="interleaved" if vpp > 1 else "1f1b", zero_stage=z,
+                       overlap_param_gather=z >= 1, stage_node_groups=groups if cluster.is_heterogeneous else None)
     return c, groups
-
-
-# The family memory screen evaluates the middle stages at this many points (each bounds the
-# stages up to it: see _family_may_fit); the candidates' own screen looks at every stage.
-_SCREEN_POINTS = 8
 
 
 def peak_bytes_lower_bound(fixed, per, mult, n_layers: int, least: int, slack: int) -> float:
@@ -1381,77 +1479,6 @@ def peak_bytes_lower_bound(fixed, per, mult, n_layers: int, least: int, slack: i
     return max(spread, floor, max(fixed))
 
 
-def _family_may_fit(model, cluster, fam: _Family, zeros, uneven: bool, cache: dict) -> tuple[bool, float]:
-    """(whether any candidate of the family can fit, a lower bound on the peak bytes per GPU of
-    every candidate). Fit: stage i holds at most the layers that fit on the roomiest GPU of the
-    family's groups under the most sparing ZeRO stage at vpp 1 (virtual stages only keep more
-    micro-batches in flight; an uneven rank of n layers holds at least the activations of the
-    even v floor(n / v) below it, hence the v - 1 extra), with the lower bounds of
-    cost/memory.py. Under 1F1B a later middle stage keeps no more micro-batches than an
-    earlier one (p - i - 1 warm-up forwards), so its room is no smaller and its per-layer bytes
-    no larger (its fixed bytes are the same): the middle stages are evaluated at _SCREEN_POINTS
-    points, each standing for the stages before it. The peak bound is
-    peak_bytes_lower_bound over the same points, with each point's least per-layer bytes over
-    the groups, the least over the ZeRO stages. A block family is screened as full recompute
-    of every layer (its candidates recompute fewer and keep more)."""
-    base = replace(fam.base, recompute="full") if fam.block else fam.base
-    vmax = max(fam.vpps)
-    slack = vmax - 1 if (uneven and not fam.block) else 0
-    names = tuple(sorted({g for orders in fam.layouts.values() for gs in orders for g in gs}))
-    key = (base, tuple(zeros), slack, names)
-    v = cache.get(key)
-    if v is not None:
-        return v
-    p, L = base.pp, model.num_layers
-    middle = list(range(1, p - 1))
-    step = max(1, -(-len(middle) // _SCREEN_POINTS))
-    points = sorted({0, p - 1} | set(middle[step - 1::step]) | ({middle[-1]} if middle else set()))
-    # stages each point stands for
-    mult, prev = [], 0
-    for i in points:
-        mult.append(1 if i in (0, p - 1) else i - prev)
-        if i not in (0, p - 1):
-            prev = i
-    room = dict.fromkeys(points, 0)
-    # with dense and MoE layers, a rank holds at most (room - fixed) / (an MoE layer's bytes)
-    # MoE layers whatever dense layers it also holds: the MoE layers must fit in those rooms too
-    mixed = len(model.layer_kinds) > 1
-    moe_room = dict.fromkeys(points, 0)
-    peak = float("inf")
-    # a layer's kept activations do not depend on the ZeRO stage: once per kind
-    kept = {kind: layer_kept_activation_bytes(model, base, kind) for kind in model.layer_kinds}
-    for z in zeros:
-        s = replace(base, zero_stage=z, overlap_param_gather=z >= 1)
-        placement = placement_of(s)
-        # the bound depends on the rank only through first / last: one value for all middle ranks
-        ends = {i: stage_fixed_bytes_lower_bound(model, s, placement, i) for i in {0, p - 1}}
-        mid = stage_fixed_bytes_lower_bound(model, s, placement, points[1]) if len(points) > 2 else 0.0
-        fixed = [ends.get(i, mid) for i in points]
-        least_per = [float("inf")] * len(points)
-        flight = [in_flight_microbatches(s, i) for i in points]
-        for g in names:
-            gpu = cluster.group(g).gpu
-            alloc = allocatable_bytes(model, s, gpu)
-            states = {kind: layer_state_bytes(model, s, placement, kind, gpu) for kind in model.layer_kinds}
-            for k, i in enumerate(points):
-                per_layer = min(states[kind] + kept[kind] * flight[k] for kind in model.layer_kinds)
-                least_per[k] = min(least_per[k], per_layer)
-                r = int(max((alloc - fixed[k]) // per_layer, 0))
-                room[i] = max(room[i], r)
-                if mixed:
-                    per_moe = states[True] + kept[True] * flight[k]
-                    moe_room[i] = max(moe_room[i], int(max((alloc - fixed[k]) // per_moe, 0)))
-        peak = min(peak, peak_bytes_lower_bound(fixed, least_per, mult, L, 1, slack))
-    # each middle stage up to a point holds at most that point's room
-    total = sum(n * min(room[i] + slack, L) for n, i in zip(mult, points))
-    fit = total >= L and room[0] >= 1 and room[p - 1] >= 1
-    if mixed:
-        n_moe = model.num_moe_layers
-        fit = fit and sum(n * min(moe_room[i] + slack, n_moe) for n, i in zip(mult, points)) >= n_moe
-    v = cache[key] = (fit, peak)
-    return v
-
-
 def _stage_gpu(cluster: ClusterSpec, s: Strategy, i: int):
     """The GPU of pipeline stage i (search candidates sit on one node group per stage)."""
     return cluster.group(s.stage_node_groups[i]).gpu if s.stage_node_groups else cluster.node_groups[0].gpu
@@ -1462,75 +1489,116 @@ def _stage_memories(model, cluster, s: Strategy) -> list:
     return [stage_memory(model, s, placement, i, _stage_gpu(cluster, s, i)) for i in range(s.pp)]
 
 
-def _fits_exactly(model, cluster, s: Strategy) -> bool:
-    # the first pipeline rank keeps the most micro-batches in flight: try it first, stop at a miss
+def _fits_exactly(model, cluster, s: Strategy, rank_fits: dict | None = None) -> bool:
+    """Whether every pipeline rank fits, the first rank first (it keeps the most micro-batches
+    in flight), stopping at a miss. `rank_fits` caches each rank's verdict: a rank's memory is
+    set by the strategy but for the split and placement (kept when the chunks are uneven), its
+    GPU and its own layers, so candidates that differ only in the other ranks share it."""
     placement = placement_of(s)
-    return all(stage_memory(model, s, placement, i, _stage_gpu(cluster, s, i)).fits for i in range(s.pp))
+    ranges = s.stage_layer_ranges(model)
+    base = None
+    for i in range(s.pp):
+        gpu = _stage_gpu(cluster, s, i)
+        if rank_fits is None:
+            fits = stage_memory(model, s, placement, i, gpu).fits
+        else:
+            if base is None:
+                base = s.with_(stage_node_groups=None,
+                               layers_per_stage=None if s.chunk_layers is None else s.layers_per_stage)
+            key = (base, i, gpu.name, ranges[i])
+            fits = rank_fits.get(key)
+            if fits is None:
+                fits = rank_fits[key] = stage_memory(model, s, placement, i, gpu).fits
+        if not fits:
+            return False
+    return True
 
 
-def _least_block_recompute(model, cluster, s: Strategy, k_max: int):
+def _least_block_recompute(model, cluster, s: Strategy, k_max: int, rank_fits: dict | None = None):
     """The strategy with the fewest fully recomputed layers per chunk (1..k_max) that fits, or
-    None. Memory falls and time rises with k, so this k is the only one worth pricing."""
+    None. Memory falls and time rises with k, so this k is the only one worth pricing.
+    `rank_fits`: _fits_exactly's cache."""
     if k_max < 1:
         return None
+    c = s.with_(recompute_num_layers=k_max)
     try:
-        check_structure(replace(s, recompute_num_layers=k_max), model)
+        check_structure(c, model)
     except InvalidStrategy:
         return None
-    if not _fits_exactly(model, cluster, replace(s, recompute_num_layers=k_max)):
+    if not _fits_exactly(model, cluster, c, rank_fits):
         return None
     lo, hi = 1, k_max
     while lo < hi:
         mid = (lo + hi) // 2
-        if _fits_exactly(model, cluster, replace(s, recompute_num_layers=mid)):
+        if _fits_exactly(model, cluster, s.with_(recompute_num_layers=mid), rank_fits):
             hi = mid
         else:
             lo = mid + 1
-    return replace(s, recompute_num_layers=lo)
+    return s.with_(recompute_num_layers=lo)
 
 
-def _memory_screen(model: ModelSpec, cluster: ClusterSpec, s: Strategy, need_short: bool, uneven: bool = True):
-    """(may fit, bytes short, most layers each stage can hold, a lower bound on the peak bytes
-    per GPU of any split). Stage i holds at most n_i = (capacity - fixed) / per-layer layers (a
+def _memory_screen(model: ModelSpec, cluster: ClusterSpec, s: Strategy, uneven: bool = True,
+                   dense_reach: frozenset | None = None, terms: dict | None = None):
+    """(may fit, most layers each stage can hold, a lower bound on the peak bytes per GPU of
+    any split). Stage i holds at most n_i = (capacity - fixed) / per-layer layers (a
     multiple of vpp), with the lower bounds of cost/memory.py, so a split can only fit if every
-    n_i >= vpp and the n_i reach the model's layers. Bytes short (of the starting split, for
-    the closest-plan report) only if asked. `uneven`: splits whose ranks need not hold a
-    multiple of vpp layers are searched (the peak bound allows for them)."""
+    n_i >= vpp and the n_i reach the model's layers. Per-layer bytes are the lighter layer
+    kind's, but on ranks no dense layer can reach (`dense_reach`, _Bounds.dense_ranks: the
+    ranks that can) a MoE layer's. `uneven`: splits whose ranks need not hold a multiple of vpp layers
+    are searched (the peak bound allows for them). `terms`: a cache of the per-GPU and per-end
+    terms, shared by candidates that differ only in vpp, split and stage placement (none of
+    these terms depends on them)."""
     if s.recompute_num_layers is not None:
         # block recompute is priced on its own split: its memory is known exactly
         mems = _stage_memories(model, cluster, s)
-        return (all(m.fits for m in mems), max(m.total - m.capacity for m in mems), list(s.stage_layers(model)),
-                max(m.total for m in mems))
-    placement = placement_of(s)
-    n_max, fixed, pers = [], [], []
-    may_fit = True
-    mixed = len(model.layer_kinds) > 1
-    moe_rooms = 0     # MoE layers all ranks together can hold (whatever dense layers they hold)
-    for i in range(s.pp):
-        gpu = _stage_gpu(cluster, s, i)
-        per = min(layer_memory_bytes(model, s, placement, i, k, gpu) for k in model.layer_kinds)
-        fx = stage_fixed_bytes_lower_bound(model, s, placement, i)
-        fixed.append(fx)
-        pers.append(per)
-        alloc = allocatable_bytes(model, s, gpu)
-        if mixed:
-            moe_rooms += int(max((alloc - fx) // layer_memory_bytes(model, s, placement, i, True, gpu), 0)) + s.vpp - 1
-        room = (alloc - fx) // per
-        room = int(max(room, 0)) // s.vpp * s.vpp
-        if s.recompute_num_layers is None and room >= s.vpp:
-            # a rank of n layers, n not a multiple of vpp, keeps at least the activations of
-            # the even vpp floor(n / vpp) layers below it (its chunks only grow)
-            room += s.vpp - 1
-        if room < s.vpp:
-            may_fit = False
-        n_max.append(room)
-    may_fit = may_fit and sum(n_max) >= model.num_layers and (not mixed or moe_rooms >= model.num_moe_layers)
-    short = None
-    if not may_fit and need_short:
-        short = max(m.total - m.capacity for m in _stage_memories(model, cluster, s))
-    peak = peak_bytes_lower_bound(fixed, pers, [1] * s.pp, model.num_layers, s.vpp,
+        return all(m.fits for m in mems), list(s.stage_layers(model)), max(m.total for m in mems)
+    p, v, kinds = s.pp, s.vpp, model.layer_kinds
+    # the terms of layer_memory_bytes, stage_fixed_bytes_parts and allocatable_bytes that do not
+    # depend on the rank, once per layer kind, end shape and GPU; then every rank at once
+    if s.stage_node_groups:   # each rank's GPU, as _stage_gpu gives it
+        order = list(dict.fromkeys(s.stage_node_groups))
+    else:
+        order = [cluster.node_groups[0].name]
+    gi = np.array([order.index(g) for g in s.stage_node_groups]) if s.stage_node_groups else np.zeros(p, int)
+    terms = {} if terms is None else terms
+    if "parts" not in terms:
+        placement = terms["placement"] = placement_of(s)
+        shapes = [(True, p == 1)] + ([(False, False)] if p > 2 else []) + ([(False, True)] if p > 1 else [])
+        terms["parts"] = np.array([stage_fixed_bytes_parts(model, s, placement, *e) for e in shapes])
+        terms["kept"] = np.array([layer_kept_activation_bytes(model, s, k) for k in kinds])
+    for g in order:
+        if g not in terms:
+            gpu = cluster.group(g).gpu
+            terms[g] = (allocatable_bytes(model, s, gpu),
+                        [layer_state_bytes(model, s, terms["placement"], k, gpu) for k in kinds])
+    alloc = np.array([terms[g][0] for g in order])[gi]
+    states = np.array([terms[g][1] for g in order])[gi]
+    kept, parts = terms["kept"], terms["parts"]
+    shape = np.full(p, len(parts) - 2 if p > 2 else 0)
+    shape[0], shape[-1] = 0, len(parts) - 1
+    flight = np.array([in_flight_microbatches(s, i) for i in range(p)])
+    per_kind = states + kept[None, :] * flight[:, None]                # (ranks, kinds)
+    per = per_kind.min(axis=1)
+    fixed = parts[shape, 0] + parts[shape, 1] * flight
+    free = alloc - fixed
+    room_per = per
+    mixed = len(kinds) > 1
+    if mixed:
+        moe_per = per_kind[:, kinds.index(True)]
+        # MoE layers all ranks together can hold (whatever dense layers they hold)
+        moe_rooms = int(np.maximum(free // moe_per, 0).sum()) + p * (v - 1)
+        if dense_reach is not None:
+            room_per = np.where([i in dense_reach for i in range(p)], per, moe_per)
+    room = np.maximum(free // room_per, 0).astype(np.int64) // v * v
+    # a rank of n layers, n not a multiple of vpp, keeps at least the activations of the even
+    # vpp floor(n / vpp) layers below it (its chunks only grow)
+    room = np.where(room >= v, room + v - 1, room)
+    n_max = room.tolist()
+    may_fit = bool((room >= v).all()) and sum(n_max) >= model.num_layers and \
+        (not mixed or moe_rooms >= model.num_moe_layers)
+    peak = peak_bytes_lower_bound(fixed.tolist(), per.tolist(), [1] * s.pp, model.num_layers, s.vpp,
                                   s.vpp - 1 if uneven else 0)
-    return may_fit, short, n_max, peak
+    return may_fit, n_max, peak
 
 
 def _price(model, cluster, s: Strategy, solver: str, res: SearchResult, uneven: bool = True):

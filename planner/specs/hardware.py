@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import SpecError
+from ..hashing import hash_once, state_without_hash
 from ..units import UnitError, parse_bandwidth, parse_size, parse_time
 from ..yamlio import check_fields, get_float, get_int, get_str, load_file
 
@@ -39,6 +40,10 @@ class Efficiency:
 
 @dataclass(frozen=True)
 class GPUProfile:
+    # the cost caches key on it: hash the fields once (planner/hashing.py)
+    __hash__ = hash_once
+    __getstate__ = state_without_hash
+
     name: str
     memory_bytes: float
     memory_bandwidth_bytes_per_s: float

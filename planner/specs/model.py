@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import SpecError
+from ..hashing import hash_once, state_without_hash
 from ..yamlio import check_fields, get_bool, get_float, get_int, get_str
 
 NORMALIZATIONS = ("LayerNorm", "RMSNorm")
@@ -25,6 +26,10 @@ MAKE_VOCAB_SIZE_DIVISIBLE_BY = 128
 
 @dataclass(frozen=True)
 class ModelSpec:
+    # the cost caches key on it: hash the fields once (planner/hashing.py)
+    __hash__ = hash_once
+    __getstate__ = state_without_hash
+
     name: str
     num_layers: int
     hidden_size: int

@@ -7,7 +7,7 @@ same fields and are checked against the loaders' field sets in tests/test_schema
 
 from __future__ import annotations
 
-from .cluster import (INTERCONNECT_FIELDS, MAX_PRICE_PER_GPU_HOUR, REQUIRED_CLUSTER_FIELDS, REQUIRED_GROUP_FIELDS,
+from .cluster import (MAX_PRICE_PER_GPU_HOUR, REQUIRED_CLUSTER_FIELDS, REQUIRED_GROUP_FIELDS,
                       REQUIRED_INTERCONNECT_FIELDS)
 from .hardware import DTYPES, EFF_REQUIRED_FIELDS, PROFILE_REQUIRED_FIELDS
 from .model import NORMALIZATIONS, POSITION_EMBEDDINGS, REQUIRED_MODEL_FIELDS

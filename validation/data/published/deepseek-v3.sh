@@ -4,6 +4,10 @@
 # blockwise recipe), node-limited routing (a token reaches at most 4 nodes) with DeepEP-style
 # dispatch, computation/communication overlap of two micro-batches (DualPipe; here Megatron's
 # --overlap-moe-expert-parallel-comm), RMSNorm and MLA up-projection recomputed, one MTP module.
+# Megatron runs that overlap with pipelining only on a virtual pipeline (TransformerConfig
+# asserts it), and DualPipe too holds two chunks per rank: 32 virtual stages of 1-2 layers
+# (61 layers, embedding first, MTP and loss last). 15,360 / 128 = 120 micro-batches are not a
+# multiple of PP 16, so the interleaved schedule groups them by 20 (120 mod 20 = 0, 20 >= 16).
 torchrun --nnodes 256 --nproc-per-node 8 pretrain_gpt.py \
   --num-layers 61 --hidden-size 7168 --ffn-hidden-size 18432 --num-attention-heads 128 --kv-channels 128 \
   --vocab-size 129280 --swiglu --normalization RMSNorm --position-embedding-type rope \
@@ -14,7 +18,7 @@ torchrun --nnodes 256 --nproc-per-node 8 pretrain_gpt.py \
   --multi-latent-attention --q-lora-rank 1536 --kv-lora-rank 512 --qk-head-dim 128 --qk-pos-emb-head-dim 64 --v-head-dim 128 \
   --mtp-num-layers 1 \
   --tensor-model-parallel-size 1 --pipeline-model-parallel-size 16 --expert-model-parallel-size 64 \
-  --pipeline-model-parallel-layout 'Etttt|(tttt|)*14tmL' \
+  --pipeline-model-parallel-layout 'Et|(tt|)*29t|tmL' --microbatch-group-size-per-virtual-pipeline-stage 20 \
   --overlap-moe-expert-parallel-comm --delay-wgrad-compute \
   --micro-batch-size 1 --global-batch-size 15360 --seq-length 4096 --max-position-embeddings 4096 \
   --recompute-granularity selective --recompute-modules layernorm mla_up_proj \

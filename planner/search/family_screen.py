@@ -1,0 +1,233 @@
+"""The family memory screen: whether any candidate of a family (degrees x micro-batch x
+recompute; every stage placement, vpp and ZeRO stage) can fit, and a lower bound on the peak
+bytes per GPU of all of its candidates, for many families at once.
+
+Stage i holds at most the layers that fit on the roomiest GPU of the family's node groups
+under the most sparing ZeRO stage at vpp 1 (virtual stages only keep more micro-batches in
+flight; an uneven rank of n layers holds at least the activations of the even v floor(n / v)
+below it, hence a slack of v - 1 layers), with the lower bounds of cost/memory.py: a rank
+holds >= fixed + per-layer x layers bytes, fixed = stage_fixed_bytes_parts (bytes + bytes per
+micro-batch x in flight), per-layer = layer_memory_bytes (states + kept activations x in
+flight). Under 1F1B a later middle stage keeps no more micro-batches than an earlier one
+(p - i - 1 warm-up forwards), so its room is no smaller and its per-layer bytes no larger: the
+middle stages are evaluated at SCREEN_POINTS points, each standing for the stages before it.
+With dense and MoE layers, a rank holds at most (room - fixed) / (an MoE layer's bytes) MoE
+layers whatever dense layers it also holds, so the MoE layers must fit in those rooms too. A
+block-recompute family is screened as full recompute of every layer but one per rank (its
+candidates recompute at most all but one layer of each chunk, and keep more).
+
+The terms are tables shared by many families, each keyed by what it depends on: the states
+(degrees, data-parallel size, ZeRO stage, pp > 1), the activations (the time class: degrees,
+micro-batch, recompute; pp > 1), the bytes a GPU can allocate (the time class and the NCCL
+communicators a rank opens), the in-flight micro-batches (depth, micro-batch count, EP-overlap
+schedule). A search screens its 10^5 families in one pass of numpy over families x ZeRO stages
+x node groups x layer kinds x points, so the families that cannot fit are never bounded in time.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..cost.memory import (allocatable_bytes, in_flight_microbatches, layer_kept_activation_bytes, layer_state_bytes,
+                           nccl_communicators, stage_fixed_activation_parts, stage_fixed_state_bytes)
+from ..placement import placement_of
+from ..specs.cluster import ClusterSpec
+from ..specs.model import ModelSpec
+from ..strategy import Strategy
+
+# Middle pipeline ranks evaluated (besides the first and the last): each bounds the ranks up to it.
+SCREEN_POINTS = 8
+_POINTS = SCREEN_POINTS + 2
+# The layer-kind axis of the tables: dense, MoE (model.is_moe_layer's values).
+_KINDS = (False, True)
+_MOE = _KINDS.index(True)
+# End shapes of a rank, the columns of the fixed-bytes tables: (first, last).
+_SHAPES = ((True, False), (False, True), (False, False), (True, True))
+_FIRST, _LAST, _MIDDLE, _ALONE = range(4)
+# Families screened per numpy pass (bounds the temporaries: families x ZeRO x groups x kinds x points).
+_CHUNK = 2048
+
+
+def screen_points(p: int) -> tuple[list, list]:
+    """The pipeline ranks the screen evaluates (the ends and SCREEN_POINTS middle ranks) and how
+    many ranks each stands for (a middle point: itself and the ranks back to the previous point)."""
+    middle = list(range(1, p - 1))
+    step = max(1, -(-len(middle) // SCREEN_POINTS))
+    points = sorted({0, p - 1} | set(middle[step - 1::step]) | ({middle[-1]} if middle else set()))
+    mult, prev = [], 0
+    for i in points:
+        mult.append(1 if i in (0, p - 1) else i - prev)
+        if i not in (0, p - 1):
+            prev = i
+    return points, mult
+
+
+class _Table:
+    """Rows of one term, appended once per key; `index` returns a row's index."""
+
+    def __init__(self):
+        self.rows: list = []
+        self.at: dict = {}
+        self._array = None
+
+    def index(self, key, build, *args) -> int:
+        """The row of `key`, built as build(*args) the first time."""
+        i = self.at.get(key)
+        if i is None:
+            i = self.at[key] = len(self.rows)
+            self.rows.append(build(*args))
+            self._array = None
+        return i
+
+    def array(self, part: int) -> np.ndarray:
+        if self._array is None:
+            self._array = [np.array(col) for col in zip(*self.rows)] if self.rows else []
+        return self._array[part]
+
+
+class FamilyScreen:
+    """Families are `add`ed one by one (cheap: table lookups), then `run` screens those added
+    since the last run at once."""
+
+    def __init__(self, model: ModelSpec, cluster: ClusterSpec, zeros, uneven: bool):
+        self.model, self.cluster, self.zeros, self.uneven = model, cluster, tuple(zeros), uneven
+        self.groups = tuple(g.name for g in cluster.node_groups)
+        self._degrees, self._state, self._act, self._alloc = _Table(), _Table(), _Table(), _Table()
+        self._points, self._flight, self._names = _Table(), _Table(), _Table()
+        self._pending: list = []
+        self._ran: list = []
+
+    # -- tables --------------------------------------------------------------------------------
+    def _state_row(self, s: Strategy, z: int) -> tuple:
+        """(fixed state bytes per end shape, each group's layer states per kind) under ZeRO z."""
+        s = s.with_(zero_stage=z, overlap_param_gather=z >= 1)
+        placement = placement_of(s)
+        shapes = range(3) if s.pp > 1 else (_ALONE,)
+        fixed = [np.nan] * len(_SHAPES)
+        for k in shapes:
+            fixed[k] = stage_fixed_state_bytes(self.model, s, placement, *_SHAPES[k])
+        kinds = self.model.layer_kinds
+        states = [[layer_state_bytes(self.model, s, placement, k, g.gpu) if k in kinds else np.inf for k in _KINDS]
+                  for g in self.cluster.node_groups]
+        return fixed, states
+
+    def _degrees_row(self, ts: Strategy, pp: int, dp: int) -> tuple:
+        """What a family's degrees, data-parallel size and pp > 1 decide: its state rows (one
+        per ZeRO stage) and the NCCL communicators a rank opens."""
+        s = ts.with_(pp=pp, dp=dp)
+        states = tuple(self._state.index((s.tp, s.cp, s.ep, s.etp, s.dp, s.pp > 1, z), self._state_row, s, z)
+                       for z in self.zeros)
+        return states, nccl_communicators(self.model, s)
+
+    def _points_row(self, p: int) -> tuple:
+        points, mult = screen_points(p)
+        pad = _POINTS - len(points)
+        shape = [_ALONE] if p == 1 else [_FIRST if i == 0 else _LAST if i == p - 1 else _MIDDLE for i in points]
+        # padding repeats the first point (any real shape) with no ranks behind it
+        return (shape + shape[:1] * pad, [float(x) for x in mult] + [0.0] * pad, [True] * len(points) + [False] * pad,
+                len(points) - 1)
+
+    def _act_row(self, s: Strategy, block: bool) -> tuple:
+        """(fixed activation bytes, per micro-batch in flight, per end shape; kept bytes per layer
+        kind; the bytes a block family keeps beyond full recompute)."""
+        model = self.model
+        screened = s.with_(recompute="full") if block else s
+        parts = [stage_fixed_activation_parts(model, screened, *shape) for shape in _SHAPES]
+        kept = [layer_kept_activation_bytes(model, screened, k) if k in model.layer_kinds else np.inf for k in _KINDS]
+        # a block family recomputes at most all but one layer of each chunk: every rank keeps one
+        # layer's activations whole (the lighter kind's, beyond what full recompute keeps of it)
+        block_kept = (min(layer_kept_activation_bytes(model, s, k) - layer_kept_activation_bytes(model, screened, k)
+                          for k in model.layer_kinds) if block else 0.0)
+        return [a for a, _ in parts], [b for _, b in parts], kept, block_kept
+
+    def _flight_row(self, ts: Strategy, pp: int, dp: int) -> tuple:
+        s = ts.with_(pp=pp, dp=dp)
+        points, _ = screen_points(pp)
+        return ([in_flight_microbatches(s, i) for i in points] + [1.0] * (_POINTS - len(points)),)
+
+    def _alloc_row(self, ts: Strategy, pp: int, dp: int) -> tuple:
+        s = ts.with_(pp=pp, dp=dp)
+        return ([allocatable_bytes(self.model, s, g.gpu) for g in self.cluster.node_groups],)
+
+    def _names_row(self, names: tuple) -> tuple:
+        return ([g in names for g in self.groups],)
+
+    # -- families ------------------------------------------------------------------------------
+    def add(self, ts: Strategy, cls_key, pp: int, dp: int, m: int, block: bool, vmax: int, names: tuple) -> None:
+        """One family: `ts` its time class's strategy (any pp and dp; recompute 'none' for a block
+        family), `cls_key` a key of that class, m its micro-batches, vmax its most virtual stages,
+        names its node groups."""
+        # a search adds 10^5 families; the tables miss for a few thousand
+        states, ncomm = self._degrees.rows[self._degrees.index((ts.tp, ts.cp, ts.ep, ts.etp, dp, pp > 1),
+                                                               self._degrees_row, ts, pp, dp)]
+        pi = self._points.index(pp, self._points_row, pp)
+        ni = self._names.index(names, self._names_row, names)
+        # activations depend on neither the depth nor the data-parallel size; the bytes a GPU
+        # can allocate not on recompute
+        ai = self._act.index((cls_key, block), self._act_row, ts, block)
+        li = self._alloc.index((cls_key, ncomm), self._alloc_row, ts, pp, dp)
+        fi = self._flight.index((pp, m, ts.overlap_moe_expert_parallel_comm), self._flight_row, ts, pp, dp)
+        slack = vmax - 1 if (self.uneven and not block) else 0
+        self._pending.append((states, ai, li, pi, fi, ni, slack))
+
+    def run(self, every_peak: bool = False) -> tuple[np.ndarray, np.ndarray]:
+        """(may fit, peak-bytes lower bound) of every family added since the last run, in order.
+        The peak bound is computed for the families that may fit (the search prunes dominated
+        ones with it), nan for the others unless every_peak (see `peaks`)."""
+        rows, self._pending = self._pending, []
+        self._ran = rows
+        return self._run(rows, every_peak)
+
+    def peaks(self, index) -> np.ndarray:
+        """The peak-bytes lower bounds of the families at `index` of the last run (the search
+        asks for those of families that cannot fit only when no plan fits)."""
+        return self._run([self._ran[i] for i in index], True)[1]
+
+    def _run(self, rows: list, every_peak: bool) -> tuple[np.ndarray, np.ndarray]:
+        fit, peak = np.zeros(len(rows), bool), np.full(len(rows), np.nan)
+        for lo in range(0, len(rows), _CHUNK):
+            part = list(zip(*rows[lo:lo + _CHUNK]))
+            fit[lo:lo + _CHUNK], peak[lo:lo + _CHUNK] = self._screen(*(np.array(c) for c in part),
+                                                                     every_peak=every_peak)
+        return fit, peak
+
+    def _screen(self, si, ai, li, pi, fi, ni, slack, every_peak: bool):
+        """The screen over F families (si: F x Z state rows; the others F row indices)."""
+        L = self.model.num_layers
+        st_fixed, st_layer = self._state.array(0), self._state.array(1)          # (S, 4), (S, G, K)
+        a_fixed, a_per, kept, block_kept = (self._act.array(k) for k in range(4))  # (A, 4) x2, (A, K), (A,)
+        shape, mult, valid, last = (self._points.array(k)[pi] for k in range(4))  # (F, P) x3, (F,)
+        flight = self._flight.array(0)[fi]                                       # (F, P)
+        groups = self._names.array(0)[ni]                                        # (F, G)
+        # a group the family does not use has no room (-inf bytes to allocate)
+        alloc = np.where(groups, self._alloc.array(0)[li], -np.inf)              # (F, G)
+        # a rank's fixed bytes at each point: (F, Z, P)
+        fixed = (st_fixed[si[:, :, None], shape[:, None, :]]
+                 + (a_fixed[ai[:, None], shape] + (a_per[ai[:, None], shape] + block_kept[ai][:, None]) * flight)[:, None, :])
+        # one layer's bytes per kind: (F, Z, G, K, P)
+        per_kind = st_layer[si][..., None] + (kept[ai][:, :, None] * flight[:, None, :])[:, None, None]
+        per = np.minimum(per_kind[:, :, :, 0], per_kind[:, :, :, 1])             # (F, Z, G, P)
+        free = alloc[:, None, :, None] - fixed[:, :, None, :]
+        # the most layers of the lighter kind a rank holds on its roomiest group and ZeRO stage;
+        # floor(max) = max(floor), and a rounded quotient only errs up (the screen stays safe)
+        room = np.maximum(np.floor((free / per).max(axis=(1, 2))), 0)           # (F, P)
+        sl = slack[:, None]
+        fit = ((mult * np.minimum(room + sl, L)).sum(axis=1) >= L) & (room[:, 0] >= 1) & \
+            (room[np.arange(len(pi)), last] >= 1)
+        if len(self.model.layer_kinds) > 1:
+            n_moe = self.model.num_moe_layers
+            moe_room = np.maximum(np.floor((free / per_kind[:, :, :, _MOE]).max(axis=(1, 2))), 0)
+            fit &= (mult * np.minimum(moe_room + sl, n_moe)).sum(axis=1) >= n_moe
+        # peak: planner.peak_bytes_lower_bound with each point's least per-layer bytes over the
+        # family's groups (at least one layer a rank), the least over the ZeRO stages
+        peak = np.full(len(fit), np.nan)
+        w = slice(None) if every_peak else fit
+        groups, per, fixed, mult, slack, valid = groups[w], per[w], fixed[w], mult[w], slack[w], valid[w]
+        least = np.where(groups[:, None, :, None], per, np.inf).min(axis=2)      # (F, Z, P)
+        m3, sl3 = mult[:, None, :], slack[:, None]
+        spread = (L - mult.sum(axis=1)[:, None] * sl3 + (m3 * fixed / least).sum(axis=2)) / (m3 / least).sum(axis=2)
+        v3 = valid[:, None, :]
+        floor = np.where(v3, fixed + np.maximum(1 - sl3, 0)[..., None] * least, -np.inf).max(axis=2)
+        top = np.where(v3, fixed, -np.inf).max(axis=2)
+        peak[w] = np.maximum(np.maximum(spread, floor), top).min(axis=1)
+        return fit, peak
