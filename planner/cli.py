@@ -346,7 +346,8 @@ def _search_info(res, o) -> dict:
             "pruned_dominated": res.pruned_dominated, "priced": res.priced, "seconds": round(res.seconds, 3),
             "solver": res.solver, "status": res.status, "optimality_gap": res.optimality_gap,
             "objective": o.objective, "gpus": o.gpus, "max_gpus": o.max_gpus,
-            "min_gpu_fraction": o.min_gpu_fraction, "charge_idle": o.charge_idle, "all": o.keep_dominated}
+            "min_gpu_fraction": o.min_gpu_fraction, "charge_idle": o.charge_idle, "all": o.keep_dominated,
+            "allow_tight": o.allow_tight}
 
 
 # help text of the options `plan` and `sweep` share
@@ -355,6 +356,8 @@ _HELP_MIN_FRACTION = ("Plans use more than this fraction of the GPUs available t
 _HELP_OBJECTIVE = ("throughput | cost | time-to-train: rank by step time, by $ per million tokens "
                    "(price_per_gpu_hour on every node group), or by days to --train-tokens.")
 _HELP_TOKENS = "Token budget for days and $ to train: 2T, 300B, 1.5e12 (suffixes K, M, B, T)."
+_HELP_ALLOW_TIGHT = ("Rank plans that fit only within the memory model's stated margin (TIGHT: they may run "
+                     "out of memory) with the others; default: after every plan that fits with margin.")
 _HELP_CHARGE_IDLE = ("Charge every GPU of the cluster, idle ones too (a cluster held whole); default: a plan "
                      "pays for the GPUs it uses (a reservation sized to it).")
 
@@ -378,6 +381,7 @@ def plan(
     charge_idle: bool = typer.Option(False, "--charge-idle", help=_HELP_CHARGE_IDLE),
     all_plans: bool = typer.Option(False, "--all", help="Also list plans another plan beats on every figure "
                                                         "(step time, memory, GPUs, $)."),
+    allow_tight: bool = typer.Option(False, "--allow-tight", help=_HELP_ALLOW_TIGHT),
     solver: str = typer.Option("dp", "--solver", help="dp | ilp | ilp-highs: stage-partition solver (the search always prices with the exact DP; ilp re-solves the top plans as an ILP)"),
     time_limit: float = typer.Option(120.0, "--time-limit", help="Seconds before the search stops with its best so far."),
     allow_tp_across_nodes: bool = typer.Option(False, "--allow-tp-across-nodes",
@@ -393,6 +397,8 @@ def plan(
                                                help="A launch or plan JSON (e.g. the layout you run today): priced on the same cluster beside #1, with the terms that differ."),
     plot: Optional[str] = typer.Option(None, "--plot", help="Folder for timeline, memory and candidates PNGs (plot extra)."),
     as_json: bool = typer.Option(False, "--json"),
+    wide: bool = typer.Option(False, "--wide", help="Every column of the plans table, however narrow the terminal "
+                                                    "(default: a compact table where the full one would wrap)."),
 ):
     """Search the best DP/TP/PP/CP/EP layout, micro-batch, recompute, ZeRO and stage split."""
     from .emit.plans import plan_entry, plan_figures, render_plans
@@ -435,7 +441,7 @@ def plan(
                          time_limit_s=time_limit, allow_tp_across_nodes=allow_tp_across_nodes,
                          uneven_chunks=uneven_chunks, gpus=gpus, max_gpus=max_gpus,
                          min_gpu_fraction=min_gpu_fraction, objective=objective, charge_idle=charge_idle,
-                         keep_dominated=all_plans)
+                         keep_dominated=all_plans, allow_tight=allow_tight)
     if as_json or not err_console.is_terminal:
         res = search(m, c, opts)
     else:
@@ -472,6 +478,10 @@ def plan(
         doc = {"status": res.status, "gap": res.optimality_gap, "objective": objective, "train_tokens": tokens,
                "search": search_info, "idle_node_groups": res.idle_groups,
                "plans": [plan_entry(e, f, model_file) for e, f in zip(res.plans, plan_figures(res, tokens, charge_idle))]}
+        if res.fastest_tight is not None:
+            from .search.objective import figures
+            doc["fastest_tight"] = plan_entry(res.fastest_tight, figures(res.fastest_tight, tokens, charge_idle),
+                                              model_file)
         if written:
             doc["emitted"] = written
         if other is not None:
@@ -483,7 +493,7 @@ def plan(
                                                        for k, a, b in differing_terms(res.plans[0], other)]}
         _print_json(doc)
     else:
-        render_plans(res, m, c, search_info, opts, tokens, console)
+        render_plans(res, m, c, search_info, opts, tokens, console, wide)
         for w in written:
             console.print(f"wrote {w}", markup=False)
         if explain:
@@ -521,6 +531,7 @@ def sweep(
     objective: str = typer.Option("throughput", "--objective", help=_HELP_OBJECTIVE, show_default=True),
     train_tokens: Optional[str] = typer.Option(None, "--train-tokens", help=_HELP_TOKENS),
     charge_idle: bool = typer.Option(False, "--charge-idle", help=_HELP_CHARGE_IDLE),
+    allow_tight: bool = typer.Option(False, "--allow-tight", help=_HELP_ALLOW_TIGHT),
     time_limit: float = typer.Option(120.0, "--time-limit", help="Seconds each search may take."),
     jobs: Optional[int] = typer.Option(None, "--jobs", help="Searches run at once (default: every core)."),
     plot: Optional[str] = typer.Option(None, "--plot", help="Folder for sweep.png, the scaling picture (plot extra)."),
@@ -557,7 +568,8 @@ def sweep(
     options = sweep_options(clusters, every, named)
     opts = SearchOptions(global_batch_size=global_batch_size, seq_length=seq_length, top=1, fixed=fixed,
                          precision=precision, zero_stages=zs, time_limit_s=time_limit,
-                         min_gpu_fraction=min_gpu_fraction, objective=objective, charge_idle=charge_idle)
+                         min_gpu_fraction=min_gpu_fraction, objective=objective, charge_idle=charge_idle,
+                         allow_tight=allow_tight)
     n_jobs = jobs or default_jobs()
     if as_json or not err_console.is_terminal:
         outcomes = run_sweep(m, options, opts, tokens, n_jobs)
@@ -684,7 +696,7 @@ def check(
     """CI gate: exit 0 if the launch is valid and fits, 1 if it breaks a rule or does not fit,
     2 if the input is unusable."""
     from .megatron.check import parse_settings, run_check
-    code = run_check(cluster, megatron_args, plan_file, model, world_size, as_json, console, err_console,
+    code = run_check(cluster, megatron_args, plan_file, model, world_size, as_json, console,
                      parse_settings(set_values), verbose)
     raise typer.Exit(code)
 
@@ -698,14 +710,15 @@ def calibrate(
     nccl_nodes: Optional[List[int]] = typer.Option(None, "--nccl-nodes", help="Nodes the nccl-tests run used."),
     nccl_gpus_per_node: Optional[List[int]] = typer.Option(None, "--nccl-gpus-per-node", help="GPUs per node it used (default: its device report, else the node group's)."),
     nccl_group: Optional[List[str]] = typer.Option(None, "--nccl-group", help="Node group it ran on (a,b across two); needed when the cluster has several."),
-    out: str = typer.Option(..., "--out", help="The calibrated cluster YAML to write."),
+    out: str = typer.Option(..., "--out", help="The calibrated cluster YAML to write (a new file)."),
+    force: bool = typer.Option(False, "--force", help="Replace an --out file that planner calibrate wrote."),
     as_json: bool = typer.Option(False, "--json"),
 ):
     """Learn the cluster from its own Megatron-LM logs and nccl-tests output: write a calibrated
     cluster YAML that plan, estimate and check accept."""
     from .calibrate.command import run_calibrate
     raise typer.Exit(run_calibrate(cluster, megatron_log, megatron_args, nccl_tests, nccl_nodes, nccl_gpus_per_node,
-                                   nccl_group, out, as_json, console))
+                                   nccl_group, out, as_json, console, force))
 
 
 def _click_exception_types():
@@ -780,11 +793,19 @@ def _tolerant_streams() -> None:
     sys.stdout, sys.stderr = _PipeTolerant(sys.stdout), _PipeTolerant(sys.stderr)
 
 
+def command():
+    """The click command of `app`, its options' help polished (cli_help.py)."""
+    from .cli_help import polish
+    cmd = typer.main.get_command(app)
+    polish(cmd)
+    return cmd
+
+
 def main() -> None:
     """Entry point: every expected error is one line and exit 2 (1 for invalid/does-not-fit)."""
     _tolerant_streams()
     try:
-        rc = app(standalone_mode=False)   # click returns the code of a typer.Exit here
+        rc = command()(standalone_mode=False)   # click returns the code of a typer.Exit here
         sys.exit(rc if isinstance(rc, int) else 0)
     except typer.Exit as exc:
         sys.exit(exc.exit_code)

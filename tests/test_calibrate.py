@@ -19,6 +19,7 @@ from rich.console import Console
 
 from calibration_formats import megatron_run, nccl_output, prefixed, write
 from planner.calibrate.command import run_calibrate
+from planner.calibrate.write import HEADER_START
 from planner.calibrate.megatron_log import parse_log
 from planner.calibrate.nccl_tests import collective_of, parse_nccl
 from planner.calibrate.steady import steady_state
@@ -71,7 +72,7 @@ def noisy(center_ms, n=24, seed=0):
     return [center_ms * (1 + 0.003 * math.sin(1.7 * k + seed)) for k in range(n)]
 
 
-def run(tmp_path, *, logs=(), nccl=(), cluster=CLUSTER, out="cal.yaml", as_json=True):
+def run(tmp_path, *, logs=(), nccl=(), cluster=CLUSTER, out="cal.yaml", as_json=True, force=False):
     """run_calibrate in-process; returns (exit code, parsed JSON, out path)."""
     buf = io.StringIO()
     outp = str(tmp_path / out)
@@ -82,7 +83,8 @@ def run(tmp_path, *, logs=(), nccl=(), cluster=CLUSTER, out="cal.yaml", as_json=
     old = sys.stdout
     sys.stdout = buf
     try:
-        rc = run_calibrate(cluster, out=outp, as_json=as_json, console=Console(file=buf, width=200), **kw)
+        rc = run_calibrate(cluster, out=outp, as_json=as_json, console=Console(file=buf, width=200), force=force,
+                           **kw)
     finally:
         sys.stdout = old
     return rc, (json.loads(buf.getvalue()) if as_json else buf.getvalue()), outp
@@ -326,10 +328,11 @@ def test_applied_values_are_what_the_communication_model_attains(tmp_path):
 
 def _bad(tmp_path, **kw):
     out = tmp_path / "cal.yaml"
-    out.write_text("previous: file\n")
+    previous = HEADER_START + " (earlier run)\nprevious: file\n"   # a file calibrate wrote: --force may replace it
+    out.write_text(previous)
     with pytest.raises(PlannerError) as exc:
-        run(tmp_path, **kw)
-    assert out.read_text() == "previous: file\n"          # atomic: nothing written on error
+        run(tmp_path, force=True, **kw)
+    assert out.read_text() == previous          # atomic: nothing written on error
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".cal.yaml")]
     assert exc.value.exit_code == 2 and "\n" not in str(exc.value)
     return str(exc.value)
@@ -499,7 +502,7 @@ def test_bundled_example_reproduces_the_committed_calibration_and_readme(tmp_pat
     from planner.yamlio import load_file
     fresh, committed = load_file(out)["calibration"], load_file(EXAMPLE / "calibrated.yaml")["calibration"]
     regenerate = ("regenerate: planner calibrate " + " ".join(EXAMPLE_ARGS)
-                  + " --out examples/calibration/calibrated.yaml, and paste its table into README 'Calibration'")
+                  + " --out examples/calibration/calibrated.yaml --force, and paste its table into README 'Calibration'")
     for scope in ("gpus", "node_groups"):
         for name, fields in committed[scope].items():
             for k, e in fields.items():
@@ -558,6 +561,24 @@ def test_a_ring_across_nodes_faster_than_the_scale_up_cap_needs_the_scale_up_mea
     two = write(tmp_path / "all_reduce_perf_2n.txt", nccl_output("all_reduce", 2, 8, 420, 30))
     assert "1-node nccl-tests" in _bad(tmp_path, nccl=[(two, 2)])     # the profile's scale-up (360 GB/s) caps it
     one = write(tmp_path / "all_reduce_perf_1n.txt", nccl_output("all_reduce", 1, 8, 478, 20))
-    rc, doc, _ = run(tmp_path, nccl=[(one, 1), (two, 2)])
+    rc, doc, _ = run(tmp_path, nccl=[(one, 1), (two, 2)], force=True)   # over _bad's earlier file
     fitted = {f["value"]: f["calibrated"] for f in doc["fitted"]}
     assert fitted["node_groups[h100].scale_out_bus_bandwidth"] == pytest.approx(420e9, rel=0.01)
+
+
+def test_out_is_replaced_only_with_force_and_only_when_calibrate_wrote_it(tmp_path):
+    """calibrate writes like --emit --out: an existing file needs --force, and a file calibrate
+    did not write is never replaced, --force or not."""
+    out = tmp_path / "calibrated.yaml"
+    first = cli("calibrate", *EXAMPLE_ARGS, "--out", str(out))
+    assert first.returncode == 0, first.stderr
+    written = out.read_text()
+    again = cli("calibrate", *EXAMPLE_ARGS, "--out", str(out))
+    assert again.returncode == 2 and "--force" in again.stderr and out.read_text() == written
+    forced = cli("calibrate", *EXAMPLE_ARGS, "--out", str(out), "--force")
+    assert forced.returncode == 0, forced.stderr
+    mine = tmp_path / "mine.yaml"
+    mine.write_text("name: my notes\n")
+    refused = cli("calibrate", *EXAMPLE_ARGS, "--out", str(mine), "--force")
+    assert refused.returncode == 2 and "not written by planner calibrate" in refused.stderr
+    assert mine.read_text() == "name: my notes\n"

@@ -221,7 +221,7 @@ def test_ascii_only_output_still_names_a_non_ascii_file(tmp_path):
     (d / "m\u00f6del.sh").write_text(LAUNCH + "--tensor-model-parallel-size 3 --seq-length 4096\n")
     r = run(["check", "--cluster", "dgx-h100-x8", "--megatron-args", str(d / "m\u00f6del.sh")],
             env=env_with(PYTHONIOENCODING="ascii"))
-    assert r.returncode == 1 and "INVALID" in r.stderr and "Traceback" not in r.stderr
+    assert r.returncode == 1 and "INVALID" in r.stdout and "Traceback" not in r.stderr
     r = run(["estimate", "--model", str(d / "n\u00f6.yaml"), "--cluster", "dgx-h100-x8"], env=env_with(PYTHONIOENCODING="ascii"))
     assert r.returncode == 2 and "n\\xf6.yaml" in one_error_line(r.stderr)
 
@@ -273,7 +273,7 @@ def test_gate_refuses_sequence_parallel_with_an_indivisible_sequence(launches, t
     f = tmp_path / "sp.sh"
     f.write_text(LAUNCH + "--tensor-model-parallel-size 8 --sequence-parallel --seq-length 8193\n")
     rc, out, err = run_main(["check", "--cluster", "dgx-h100-x8", "--megatron-args", str(f)])
-    assert rc == 1 and "INVALID" in err and "sp-seq-divisible-by-tp" in err
+    assert rc == 1 and "INVALID" in out and "sp-seq-divisible-by-tp" in out
 
 
 def test_zero_worlds_are_refused(tmp_path):

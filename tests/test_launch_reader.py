@@ -220,7 +220,7 @@ def test_cli_check_typo_exits_1_with_did_you_mean_and_bad_input_exits_2(tmp_path
     f = tmp_path / "typo.sh"
     f.write_text(f"torchrun --nproc-per-node 8 pretrain_gpt.py {BASE} --hiden-size 4096\n")
     r = _cli("check", "--cluster", "dgx-h100-x8", "--megatron-args", str(f))
-    assert r.returncode == 1 and "did you mean '--hidden-size'" in r.stderr and "Traceback" not in r.stderr
+    assert r.returncode == 1 and "did you mean '--hidden-size'" in r.stdout and "Traceback" not in r.stderr
     f.write_text("torchrun pretrain_gpt.py --num-layers 'unclosed\n")
     r = _cli("check", "--cluster", "dgx-h100-x8", "--megatron-args", str(f))
     assert r.returncode == 2 and "unclosed single quote" in r.stderr and len(r.stderr.strip().splitlines()) == 1

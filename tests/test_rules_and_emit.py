@@ -78,7 +78,7 @@ def test_check_gate_exit_codes(tmp_path, reference):
     f2 = tmp_path / "bad.sh"
     f2.write_text(f"torchrun --nnodes 3 --nproc-per-node 8 pretrain_gpt.py {bad['args']}\n")
     r = _cli("check", "--cluster", "dgx-h100-x8", "--megatron-args", str(f2))
-    assert r.returncode == 1 and "divisible" in r.stderr
+    assert r.returncode == 1 and "divisible" in r.stdout
     # does not fit: 70B with no sharding on 8 GPUs
     f3 = tmp_path / "oom.sh"
     f3.write_text("torchrun --nnodes 1 --nproc-per-node 8 pretrain_gpt.py --num-layers 80 --hidden-size 8192 "

@@ -50,8 +50,10 @@ MIXED = cluster_from_dict({
     "name": "mixed-2x4", "node_groups": [_group("h100", "h100-sxm-80g", 1, 400),
                                          _group("a100", "a100-sxm-40g", 1, 200)],
     "interconnect": [{"between": ["h100", "a100"], "bandwidth": "100 Gb/s", "latency": "20 us"}]}, "test")
+# allow_tight: the exactness tests compare with every plan that fits; the default, which ranks
+# TIGHT plans after those that fit with margin, has its own brute-force test
 OPTIONS = SearchOptions(global_batch_size=16, seq_length=2048, top=1, recompute=("none", "full"),
-                        zero_stages=(0, 1))
+                        zero_stages=(0, 1), allow_tight=True)
 
 
 def _splits(L, p, v, uneven=True):
@@ -392,6 +394,39 @@ def _front(points):
 
 def _flat(points):
     return [x for p in points for x in p]
+
+
+@pytest.mark.parametrize("cluster", [HOMOGENEOUS, MIXED, TWO_SITE], ids=["h100", "h100+a100", "two-site"])
+def test_safe_by_default_top_k_is_the_brute_force_front_of_plans_with_margin(cluster):
+    """By default (no allow_tight) the top K are the K best plans that fit with the memory
+    model's margin and that no such plan dominates; a TIGHT plan is never ranked above them,
+    and the fastest TIGHT plan of the space, when faster than #1, is reported beside them."""
+    o = replace(OPTIONS, top=3, allow_tight=False)
+    _, _, _, fitting = _brute_force(MODEL, cluster, o)
+    safe = [e for e in fitting if e.memory_verdict == "fits"]
+    tight = [e for e in fitting if e.memory_verdict == "tight"]
+    front = _front([_point(e) for e in _plans_of_space(safe)])
+    assert len(front) >= 3
+    r = search(MODEL, cluster, o)
+    assert all(e.memory_verdict == "fits" for e in r.plans)
+    assert _flat(_point(e) for e in r.plans) == pytest.approx(_flat(front[:3]), rel=1e-9)
+    assert r.status == "optimal"
+    _assert_counts_add_up(r)
+    fastest_tight = min((e.step_time_s for e in tight), default=float("inf"))
+    if fastest_tight < r.plans[0].step_time_s:
+        assert r.fastest_tight is not None
+        assert r.fastest_tight.step_time_s == pytest.approx(fastest_tight, rel=1e-9)
+    else:
+        assert r.fastest_tight is None
+
+
+def test_safe_by_default_changes_the_ranking_somewhere():
+    """The case above is not vacuous: on the mixed cluster allow_tight ranks a TIGHT plan above
+    one that fits with margin, and the default does not."""
+    o = replace(OPTIONS, top=3)
+    verdicts = [e.memory_verdict for e in search(MODEL, MIXED, o).plans]
+    assert "tight" in verdicts and "fits" in verdicts[verdicts.index("tight"):]
+    assert [e.memory_verdict for e in search(MODEL, MIXED, replace(o, allow_tight=False)).plans] == ["fits"] * 3
 
 
 @pytest.mark.parametrize("cluster", [HOMOGENEOUS, MIXED, TWO_SITE], ids=["h100", "h100+a100", "two-site"])

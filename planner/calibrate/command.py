@@ -43,7 +43,7 @@ def inputs(megatron_log, megatron_args, nccl_tests, nccl_nodes, nccl_gpus_per_no
 
 
 def run_calibrate(cluster_ref, megatron_log, megatron_args, nccl_tests, nccl_nodes, nccl_gpus_per_node,
-                  nccl_group, out, as_json, console) -> int:
+                  nccl_group, out, as_json, console, force: bool = False) -> int:
     from ..library import resolve_cluster_ref
     from ..specs.calibration import parse_calibration
     from ..specs.cluster import base_cluster_from_dict, cluster_from_dict
@@ -55,7 +55,7 @@ def run_calibrate(cluster_ref, megatron_log, megatron_args, nccl_tests, nccl_nod
     data = load_file(cfile)
     base = base_cluster_from_dict(data, str(cfile))
     prior = parse_calibration(data["calibration"], str(cfile), base) if data.get("calibration") else None
-    out_path = check_out_path(out, cfile, data)
+    out_path = check_out_path(out, cfile, data, force)
     created = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     result = calibrate(base, prior, logs, nccl, created)
     text = render(document(data, result.calibration, base), cfile, created)

@@ -315,6 +315,13 @@ class StageMemory:
         return self.total * (self.uncertainty + self.allocator_spread) + MEMORY_UNCERTAINTY_BYTES
 
     @property
+    def safe_capacity(self) -> float:
+        """The most bytes `total` may take and still fit with margin_bytes to spare: solves
+        total + margin_bytes(total) = capacity (margin_bytes is linear in total). The search
+        splits layers against it unless TIGHT plans are allowed."""
+        return (self.capacity - MEMORY_UNCERTAINTY_BYTES) / (1.0 + self.uncertainty + self.allocator_spread)
+
+    @property
     def verdict(self) -> str:
         """fits (with the model's margin), tight (fits, but not by the margin), does not fit."""
         if self.total + self.margin_bytes <= self.capacity:

@@ -41,14 +41,14 @@ def tokens_text(n: float) -> str:
     return f"{n:.4g}"
 
 
-def cost_cells(fig: Figures, priced: bool, train_tokens) -> list[str]:
+def cost_cells(fig: Figures, priced: bool, train_tokens, with_total: bool = True) -> list[str]:
     """The $/M tokens, days and $ total cells of a table row, for the inputs that exist."""
     cells = []
     if priced:
         cells.append("-" if fig.usd_per_million_tokens is None else f"{fig.usd_per_million_tokens:.3f}")
     if train_tokens is not None:
         cells.append(f"{fig.days_to_train:.1f}")
-    if priced and train_tokens is not None:
+    if with_total and priced and train_tokens is not None:
         cells.append("-" if fig.usd_total is None else f"{fig.usd_total:,.0f}")
     return cells
 
@@ -86,38 +86,98 @@ def optimality_text(info: dict) -> str:
     if info["optimality_gap"] > 0:
         return (f"#1 is within {info['optimality_gap'] * 100:.2f}% of the optimum: a stage-partition DP hit its "
                 "work cap")
+    if not info.get("allow_tight"):
+        return ("#1 is optimal under the cost model: no plan of the space that fits with margin is better "
+                "(every one left unpriced is bounded)")
     return "#1 is optimal under the cost model: no plan of the space is better (every one left unpriced is bounded)"
 
 
-def render_plans(res, m, c, info: dict, o, train_tokens, console) -> None:
+def tight_lines(res, o) -> list[str]:
+    """The TIGHT rows explained, and (safe by default) the faster TIGHT plan left out."""
+    out = []
+    tight = [k for k, e in enumerate(res.plans, 1) if e.memory_verdict == "tight"]
+    if tight:
+        u = res.plans[0].memory[0].uncertainty
+        out.append(f"TIGHT: plan(s) {', '.join(f'#{k}' for k in tight)} fit, but by less than the memory model's "
+                   f"stated uncertainty ({u * 100:.0f}% + 256 MiB): they may run out of memory"
+                   + ("" if o.allow_tight else "; listed after every plan that fits with margin"))
+    ft = res.fastest_tight
+    if ft is not None and res.plans and ft is not res.plans[0]:
+        s = ft.strategy
+        gain = res.plans[0].step_time_s / ft.step_time_s - 1
+        speed = f"{abs(gain):.1%} " + ("faster" if gain >= 0 else "slower")
+        out.append(f"not ranked: a TIGHT plan would rank above #1 ({ft.step_time_s:.3f} s a step, {speed} than #1; tp{s.tp} pp{s.pp} dp{s.dp} cp{s.cp} ep{s.ep} vpp{s.vpp} mbs{s.micro_batch_size} "
+                   f"{s.recompute_label} z{s.zero_stage}, {ft.peak_memory.total / GIB:.1f}/"
+                   f"{ft.peak_memory.capacity / GIB:.1f} GiB); --allow-tight ranks TIGHT plans with the others")
+    return out
+
+
+_UNLIMITED_COLUMNS = 10**4
+
+
+def layout_text(s) -> str:
+    """The compact layout cell: the degrees above 1 in Megatron's order, e.g. 'tp4 pp4 vpp5
+    dp32' ('dp1' when nothing is split)."""
+    parts = [f"{k}{v}" for k, v in (("tp", s.tp), ("cp", s.cp), ("ep", s.ep), ("pp", s.pp), ("vpp", s.vpp),
+                                    ("dp", s.dp)) if v > 1]
+    return " ".join(parts) or "dp1"
+
+
+def _plans_table(res, m, c, figs, priced, train_tokens, wide: bool):
+    """The plans table: every column (wide), or the compact one a 100-column terminal holds
+    (layout in one cell; stages, GPU use and TFLOP/s left to --wide / --explain)."""
     from rich.table import Table
 
-    figs = plan_figures(res, train_tokens, o.charge_idle)
-    priced = any(f.usd_per_million_tokens is not None for f in figs)
     t = Table(title=f"Top plans: {m.name} on {c.name} ({c.num_gpus} GPUs)")
-    cols = ["#", "tp pp dp cp ep vpp", "mbs", "recompute", "zero", "layers/stage", "stages on", "GPUs used",
-            "idle", "GiB used/usable", "step s", "tokens/s"]
+    if wide:
+        cols = ["#", "tp pp dp cp ep vpp", "mbs", "recompute", "zero", "layers/stage", "stages on", "GPUs used",
+                "idle", "GiB used/usable", "step s", "tokens/s"]
+    else:   # with prices, $/M tokens stands for tokens/s (and days for $ total)
+        cols = ["#", "layout", "mbs", "recompute", "zero", "GiB used/usable", "step s"]
+        cols += [] if priced else ["tokens/s"]
     cols += ["$/M tokens"] if priced else []
     cols += ["days"] if train_tokens is not None else []
-    cols += ["$ total"] if priced and train_tokens is not None else []
-    cols += ["TFLOP/s", "MFU"]
+    cols += ["$ total"] if wide and priced and train_tokens is not None else []
+    cols += ["TFLOP/s", "MFU"] if wide else ["MFU"]
     for col in cols:
         t.add_column(col, justify="right", overflow="fold")
     for k, (e, f) in enumerate(zip(res.plans, figs), 1):
         s = e.strategy
         pk = e.peak_memory
-        row = [str(k), f"{s.tp} {s.pp} {s.dp} {s.cp} {s.ep} {s.vpp}", str(s.micro_batch_size), s.recompute_label,
-               str(s.zero_stage), compress_runs([str(x) for x in s.stage_layers(m)]), compress_runs(e.stage_groups),
-               group_use_text(f, False), group_use_text(f, True),
-               f"{pk.total / GIB:.1f}/{pk.capacity / GIB:.1f}" + (" TIGHT" if e.memory_verdict == "tight" else ""),
-               f"{e.step_time_s:.3f}", f"{e.tokens_per_s:,.0f}"]
-        row += cost_cells(f, priced, train_tokens)
-        row += [f"{e.model_tflops_per_gpu:.0f}", f"{e.mfu * 100:.1f}%"]
+        memory = f"{pk.total / GIB:.1f}/{pk.capacity / GIB:.1f}" + (" TIGHT" if e.memory_verdict == "tight" else "")
+        if wide:
+            row = [str(k), f"{s.tp} {s.pp} {s.dp} {s.cp} {s.ep} {s.vpp}", str(s.micro_batch_size),
+                   s.recompute_label, str(s.zero_stage), compress_runs([str(x) for x in s.stage_layers(m)]),
+                   compress_runs(e.stage_groups), group_use_text(f, False), group_use_text(f, True), memory,
+                   f"{e.step_time_s:.3f}", f"{e.tokens_per_s:,.0f}"]
+        else:
+            row = [str(k), layout_text(s), str(s.micro_batch_size), s.recompute_label, str(s.zero_stage), memory,
+                   f"{e.step_time_s:.3f}"] + ([] if priced else [f"{e.tokens_per_s:,.0f}"])
+        row += cost_cells(f, priced, train_tokens, with_total=wide)
+        row += ([f"{e.model_tflops_per_gpu:.0f}"] if wide else []) + [f"{e.mfu * 100:.1f}%"]
         t.add_row(*row)
+    return t
+
+
+def render_plans(res, m, c, info: dict, o, train_tokens, console, wide: bool = False) -> None:
+    """The plans table (the full one when the terminal holds it or with `wide`, else the
+    compact one) and the lines that explain it."""
+    figs = plan_figures(res, train_tokens, o.charge_idle)
+    priced = any(f.usd_per_million_tokens is not None for f in figs)
+    from rich.measure import Measurement
+
+    t = _plans_table(res, m, c, figs, priced, train_tokens, wide=True)
+    # the width the full table takes unfolded (measured without the terminal's limit)
+    natural = Measurement.get(console, console.options.update_width(_UNLIMITED_COLUMNS), t).maximum
+    compact = not wide and natural > console.width
+    if compact:
+        t = _plans_table(res, m, c, figs, priced, train_tokens, wide=False)
     console.print(t)
     first = res.plans[0]
-    console.print(f"TFLOP/s: model FLOPs per second per GPU; MFU against the {first.mfu_basis}"
-                  + (" (fp8 plans too)" if first.strategy.precision == "fp8" else ""), markup=False)
+    legend = (("layout: the degrees above 1 (tp cp ep pp vpp dp); --wide adds stages, GPU use and TFLOP/s; "
+               if compact else "TFLOP/s: model FLOPs per second per GPU; ")
+              + f"MFU against the {first.mfu_basis}")
+    console.print(legend + (" (fp8 plans too)" if first.strategy.precision == "fp8" else ""), markup=False)
     ranked = OBJECTIVE_TEXT[o.objective]
     if o.objective == "time-to-train":
         ranked += (" (the order of step time: every plan trains --global-batch-size x --seq-length tokens a step)")
@@ -132,11 +192,8 @@ def render_plans(res, m, c, info: dict, o, train_tokens, console) -> None:
                   f"{info['pruned_bound']} by the bound, {info['pruned_dominated']} dominated, {info['priced']} "
                   f"priced) in {info['seconds']:.1f} s; stage partition solver: {info['solver']}", markup=False)
     console.print(optimality_text(info), markup=False)
-    tight = [k for k, e in enumerate(res.plans, 1) if e.memory_verdict == "tight"]
-    if tight:
-        u = res.plans[0].memory[0].uncertainty
-        console.print(f"TIGHT: plan(s) {', '.join(f'#{k}' for k in tight)} fit, but by less than the memory model's "
-                      f"stated uncertainty ({u * 100:.0f}% + 256 MiB): they may run out of memory", markup=False)
+    for line in tight_lines(res, o):
+        console.print(line, markup=False)
     if res.hidden_dominated and not o.keep_dominated:
         console.print(f"left out: {res.hidden_dominated} priced plan(s) in this range that another plan matches or "
                       "beats on step time, memory" + (", GPUs and $" if priced else " and GPUs")

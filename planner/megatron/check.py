@@ -239,7 +239,7 @@ def _table_commit() -> str:
     return table().commit
 
 
-def run_check(cluster_ref, megatron_args, plan_file, model_ref, world_size, as_json, console, err_console,
+def run_check(cluster_ref, megatron_args, plan_file, model_ref, world_size, as_json, console,
               settings: dict | None = None, verbose: bool = False) -> int:
     from ..estimate import estimate
     from ..library import load_cluster_ref, load_model_ref
@@ -256,7 +256,7 @@ def run_check(cluster_ref, megatron_args, plan_file, model_ref, world_size, as_j
         try:
             ld = load_launch(megatron_args, cluster, model_ref, world_size, settings)
         except InvalidLaunch as exc:
-            return _invalid(result, [f"[{r}] {m}" for r, m in exc.problems], src, as_json, err_console)
+            return _invalid(result, [f"[{r}] {m}" for r, m in exc.problems], src, as_json, console)
         model, strategy = ld.model, ld.strategy
         viol = megatron_violations(ld.launch, model)
         result.update(launch_json(ld))
@@ -273,11 +273,11 @@ def run_check(cluster_ref, megatron_args, plan_file, model_ref, world_size, as_j
         except InvalidStrategy as exc:
             viol = [exc]
     if viol:
-        return _invalid(result, [str(v) for v in viol], src, as_json, err_console, extra, console)
+        return _invalid(result, [str(v) for v in viol], src, as_json, console, extra)
     try:
         e = estimate(model, cluster, strategy)
     except InvalidStrategy as exc:
-        return _invalid(result, [str(exc)], src, as_json, err_console, extra, console)
+        return _invalid(result, [str(exc)], src, as_json, console, extra)
     result["fits"] = e.fits
     result["verdict"] = e.memory_verdict
     result["step_time_s"] = e.step_time_s
@@ -304,7 +304,7 @@ def run_check(cluster_ref, megatron_args, plan_file, model_ref, world_size, as_j
                        f"context, NCCL and fragmentation; {unc})")
                 _annotate("error", f"does not fit: {msg}", src)
                 if not as_json:
-                    err_console.print(f"DOES NOT FIT {src}: {msg}", markup=False)
+                    console.print(f"DOES NOT FIT {src}: {msg}", markup=False)
         _print_extra(extra, as_json, console)
         return 1
     worst = min(e.memory, key=lambda m: m.headroom - m.margin_bytes)
@@ -331,7 +331,8 @@ def _print_extra(lines, as_json, console) -> None:
             console.print(f"  {ln}", markup=False, highlight=False)
 
 
-def _invalid(result, messages, src, as_json, err_console, extra=(), console=None) -> int:
+def _invalid(result, messages, src, as_json, console, extra=()) -> int:
+    """The INVALID verdict: on stdout with the others (the exit code is the machine signal)."""
     result["valid"] = False
     result["violations"] = list(messages)
     for v in messages:
@@ -340,7 +341,6 @@ def _invalid(result, messages, src, as_json, err_console, extra=(), console=None
         print(json.dumps(result, indent=2, sort_keys=True))
     else:
         for v in messages:
-            err_console.print(f"INVALID {src}: {v}", markup=False, highlight=False)
-        if console is not None:
-            _print_extra(extra, False, console)
+            console.print(f"INVALID {src}: {v}", markup=False, highlight=False)
+        _print_extra(extra, False, console)
     return 1

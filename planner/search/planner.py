@@ -89,6 +89,9 @@ class SearchOptions:
     # GPU, GPUs used, and $ when priced); plans equal up to a symmetry of the cluster are one
     # plan either way
     keep_dominated: bool = False
+    # rank plans that fit only within the memory model's stated margin (TIGHT) with the others;
+    # by default they come after every plan that fits with margin
+    allow_tight: bool = False
 
     @property
     def budget(self) -> "GpuBudget":
@@ -115,6 +118,10 @@ class SearchResult:
     hidden_dominated: int = 0     # priced plans within the top K's range that were dominated
     objective: str = "throughput"
     plan_figures: list = field(default_factory=list)       # objective.Figures of each plan
+    # safe by default: the best TIGHT plan when it beats #1 on the objective (not in `plans`
+    # unless fewer than K plans fit with margin), and how many TIGHT plans close `plans`
+    fastest_tight: Estimate | None = None
+    tight_listed: int = 0
 
 
 @dataclass(frozen=True)
@@ -320,11 +327,13 @@ def _proportional_split(model: ModelSpec, s: Strategy, cluster: ClusterSpec, gro
     return tuple(split)
 
 
-def partition_problem(model: ModelSpec, cluster: ClusterSpec, s: Strategy, e: Estimate) -> PartitionProblem:
+def partition_problem(model: ModelSpec, cluster: ClusterSpec, s: Strategy, e: Estimate,
+                      safe: bool = False) -> PartitionProblem:
     """Per-layer stage costs consistent with `estimate`: compute + exposed TP/CP/EP per layer on
     each stage's GPU; memory per layer with that stage's in-flight micro-batches; the rest of
     each stage (embedding, output layer, PP traffic) as fixed extras. Layers of one kind (dense
-    or MoE) cost the same, so each row is filled from two values."""
+    or MoE) cost the same, so each row is filled from two values. `safe`: each stage's room is
+    what fits with the memory model's margin (StageMemory.safe_capacity), not all it can use."""
     p, L = s.pp, model.num_layers
     tk = _time_key(s)
     placement = placement_of(s)
@@ -348,22 +357,22 @@ def partition_problem(model: ModelSpec, cluster: ClusterSpec, s: Strategy, e: Es
             lm[i, moe_mask] = layer_memory_bytes(model, s, placement, i, True, gpu)
         et[i] = st.per_microbatch_s - lt[i, a:b].sum()
         em[i] = mem.total - lm[i, a:b].sum()
-        cap[i] = mem.capacity
+        cap[i] = mem.safe_capacity if safe else mem.capacity
     return PartitionProblem(lt, lm, et, em, cap, s.num_microbatches, s.vpp)
 
 
 def refine_partition(model, cluster, s: Strategy, e: Estimate, solver: str, warnings: list, gaps=None,
-                     uneven: bool = True):
+                     uneven: bool = True, safe: bool = False):
     """The best contiguous layer split for this strategy's stages, in memory (DP or ILP): each
     stage at least vpp layers, any count with `uneven` (balanced_chunks), else multiples of
     vpp. `gaps` collects the DP's optimality gap (0 unless its work cap stopped it)."""
     gaps = [] if gaps is None else gaps
     if s.pp == 1 or (s.recompute_num_layers is not None):
         return None, "none"
-    prob = partition_problem(model, cluster, s, e)
+    prob = partition_problem(model, cluster, s, e, safe)
     q = 1 if uneven else s.vpp
     if len(model.layer_kinds) == 1:
-        prob = replace(prob, max_layers=_exact_max_layers(model, cluster, s, prob, q))
+        prob = replace(prob, max_layers=_exact_max_layers(model, cluster, s, prob, q, safe))
     res = None
     used = "dp"
     if solver.startswith("ilp"):
@@ -387,7 +396,8 @@ def refine_partition(model, cluster, s: Strategy, e: Estimate, solver: str, warn
     return with_split(s, res.layers), used
 
 
-def _exact_max_layers(model: ModelSpec, cluster: ClusterSpec, s: Strategy, prob: PartitionProblem, q: int):
+def _exact_max_layers(model: ModelSpec, cluster: ClusterSpec, s: Strategy, prob: PartitionProblem, q: int,
+                      safe: bool = False):
     """Most layers each stage can hold, by stage_memory itself, for a model of one layer kind
     (where a stage's memory depends on its count alone): the additive per-layer model of the
     partition problem is exact only for even chunks and split-independent buffers (uneven
@@ -402,7 +412,8 @@ def _exact_max_layers(model: ModelSpec, cluster: ClusterSpec, s: Strategy, prob:
         split = [v] * s.pp
         split[i] = n
         sn = replace(s, layers_per_stage=tuple(split), chunk_layers=balanced_chunks(tuple(split), v))
-        return stage_memory(model, sn, placement, i, gpu).fits
+        mem = stage_memory(model, sn, placement, i, gpu)
+        return mem.verdict == "fits" if safe else mem.fits
 
     for i in range(s.pp):
         gpu = _stage_gpu(cluster, s, i)
@@ -1062,12 +1073,39 @@ class _Plans:
     K-th best objective among them: no plan worse than it can enter the top K. It may rise when
     a new plan dominates several (which is why entries above it are deferred, not dropped)."""
 
-    def __init__(self, o: SearchOptions):
+    def __init__(self, o: SearchOptions, tiered: bool | None = None):
         self.o = o
         self.top = max(o.top, 1)
         self.items: list = []         # (objective, point, order, Estimate, Figures), best first
         self.dominated_objs: list = []
         self._order = itertools.count()
+        # safe by default: plans that fit only within the memory model's margin (TIGHT) are kept
+        # apart, so the K-th best, the stop and dominance count only plans that fit with margin
+        tiered = not o.allow_tight if tiered is None else tiered
+        self.tight = _Plans(o, tiered=False) if tiered else None
+
+    def offer(self, estimates: list[Estimate]) -> list[Estimate]:
+        """Add the best of a candidate's fitting estimates (its splits): the fastest, or with
+        tiers the fastest that fits with margin and the fastest TIGHT one when faster still.
+        Returns those added."""
+        if not estimates:
+            return []
+        key = (lambda x: x.step_time_s)
+        if self.tight is None:
+            picked = [min(estimates, key=key)]
+        else:
+            safe = [x for x in estimates if x.memory_verdict == "fits"]
+            tight = [x for x in estimates if x.memory_verdict == "tight"]
+            picked = [min(safe, key=key)] if safe else []
+            if tight and (not picked or min(tight, key=key).step_time_s < picked[0].step_time_s):
+                picked.append(min(tight, key=key))
+        for e in picked:
+            fig = figures(e, charge_idle=self.o.charge_idle)
+            if self.tight is not None and e.memory_verdict == "tight":
+                self.tight.add(e, fig)
+            else:
+                self.add(e, fig)
+        return picked
 
     def kth(self) -> float:
         return self.items[self.top - 1][0] if len(self.items) >= self.top else float("inf")
@@ -1381,20 +1419,19 @@ def _search(model: ModelSpec, cluster: ClusterSpec, o: SearchOptions, progress) 
                 if not _fits_exactly(model, cluster, c, rank_fits):
                     res.pruned_memory += 1
                     continue
-        best, short = _price(model, cluster, c, "dp", res, o.uneven_chunks)
-        if best is None:
+        fitting, short = _price(model, cluster, c, "dp", res, o.uneven_chunks, safe_split=not o.allow_tight)
+        if c.recompute_num_layers is not None and not o.allow_tight:
+            fitting += _safe_block_variant(model, cluster, c, fitting, rank_fits, res)
+        if not fitting:
             if short is not None and (closest is None or short[0] < closest[0]):
                 closest = short
             continue
-        if best.strategy in seen:
-            continue
-        seen.add(best.strategy)
-        plans.add(best, figures(best, charge_idle=o.charge_idle))
+        seen.update(x.strategy for x in plans.offer([x for x in fitting if x.strategy not in seen]))
     res.pruned_bound += sum(_entry_count(k, p) for _, _, k, p in heap)
     found = [x[3] for x in plans.items[:o.top]]
     if o.solver.startswith("ilp"):
-        found = _ilp_cross_check(model, cluster, found, o.solver, res, o.uneven_chunks)
-        again = _Plans(o)
+        found = _ilp_cross_check(model, cluster, found, o.solver, res, o.uneven_chunks, safe=not o.allow_tight)
+        again = _Plans(o, tiered=False)
         for e in found:
             again.add(e, figures(e, charge_idle=o.charge_idle))
         plans.items = again.items
@@ -1403,6 +1440,15 @@ def _search(model: ModelSpec, cluster: ClusterSpec, o: SearchOptions, progress) 
     if res.plans:
         last = plans.items[min(o.top, len(plans.items)) - 1][0]
         res.hidden_dominated = sum(1 for x in plans.dominated_objs if x <= last)
+    if plans.tight is not None and plans.tight.items:
+        tight = plans.tight.items
+        if not plans.items or tight[0][0] < plans.items[0][0]:
+            res.fastest_tight = tight[0][3]
+        # fewer than K plans fit with margin: the best TIGHT ones close the list
+        fill = tight[:max(o.top - len(res.plans), 0)]
+        res.tight_listed = len(fill)
+        res.plans += [x[3] for x in fill]
+        res.plan_figures += [x[4] for x in fill]
     if not res.plans:
         # the closest-plan report: the exact shortfall of each candidate the screen ruled out
         # (computed only now, as most searches find a plan)
@@ -1489,35 +1535,38 @@ def _stage_memories(model, cluster, s: Strategy) -> list:
     return [stage_memory(model, s, placement, i, _stage_gpu(cluster, s, i)) for i in range(s.pp)]
 
 
-def _fits_exactly(model, cluster, s: Strategy, rank_fits: dict | None = None) -> bool:
-    """Whether every pipeline rank fits, the first rank first (it keeps the most micro-batches
-    in flight), stopping at a miss. `rank_fits` caches each rank's verdict: a rank's memory is
-    set by the strategy but for the split and placement (kept when the chunks are uneven), its
-    GPU and its own layers, so candidates that differ only in the other ranks share it."""
+def _fits_exactly(model, cluster, s: Strategy, rank_fits: dict | None = None, safe: bool = False) -> bool:
+    """Whether every pipeline rank fits (with `safe`, with the memory model's margin), the first
+    rank first (it keeps the most micro-batches in flight), stopping at a miss. `rank_fits`
+    caches each rank's verdict: a rank's memory is set by the strategy but for the split and
+    placement (kept when the chunks are uneven), its GPU and its own layers, so candidates
+    that differ only in the other ranks share it."""
+    ok = ("fits",) if safe else ("fits", "tight")
     placement = placement_of(s)
     ranges = s.stage_layer_ranges(model)
     base = None
     for i in range(s.pp):
         gpu = _stage_gpu(cluster, s, i)
         if rank_fits is None:
-            fits = stage_memory(model, s, placement, i, gpu).fits
+            verdict = stage_memory(model, s, placement, i, gpu).verdict
         else:
             if base is None:
                 base = s.with_(stage_node_groups=None,
                                layers_per_stage=None if s.chunk_layers is None else s.layers_per_stage)
             key = (base, i, gpu.name, ranges[i])
-            fits = rank_fits.get(key)
-            if fits is None:
-                fits = rank_fits[key] = stage_memory(model, s, placement, i, gpu).fits
-        if not fits:
+            verdict = rank_fits.get(key)
+            if verdict is None:
+                verdict = rank_fits[key] = stage_memory(model, s, placement, i, gpu).verdict
+        if verdict not in ok:
             return False
     return True
 
 
-def _least_block_recompute(model, cluster, s: Strategy, k_max: int, rank_fits: dict | None = None):
-    """The strategy with the fewest fully recomputed layers per chunk (1..k_max) that fits, or
-    None. Memory falls and time rises with k, so this k is the only one worth pricing.
-    `rank_fits`: _fits_exactly's cache."""
+def _least_block_recompute(model, cluster, s: Strategy, k_max: int, rank_fits: dict | None = None,
+                           safe: bool = False):
+    """The strategy with the fewest fully recomputed layers per chunk (1..k_max) that fits (with
+    `safe`, with the memory model's margin), or None. Memory falls and time rises with k, so
+    this k is the only one worth pricing. `rank_fits`: _fits_exactly's cache."""
     if k_max < 1:
         return None
     c = s.with_(recompute_num_layers=k_max)
@@ -1525,16 +1574,31 @@ def _least_block_recompute(model, cluster, s: Strategy, k_max: int, rank_fits: d
         check_structure(c, model)
     except InvalidStrategy:
         return None
-    if not _fits_exactly(model, cluster, c, rank_fits):
+    if not _fits_exactly(model, cluster, c, rank_fits, safe):
         return None
     lo, hi = 1, k_max
     while lo < hi:
         mid = (lo + hi) // 2
-        if _fits_exactly(model, cluster, s.with_(recompute_num_layers=mid), rank_fits):
+        if _fits_exactly(model, cluster, s.with_(recompute_num_layers=mid), rank_fits, safe):
             hi = mid
         else:
             lo = mid + 1
     return s.with_(recompute_num_layers=lo)
+
+
+def _safe_block_variant(model, cluster, c: Strategy, fitting: list, rank_fits: dict, res: SearchResult) -> list:
+    """Safe by default, for a block-recompute candidate whose least k fits only TIGHT: the least
+    k that fits with margin (more recomputed layers per chunk), as another plan of the same
+    candidate ([] when there is none or it is not needed)."""
+    if not fitting or any(x.memory_verdict == "fits" for x in fitting):
+        return []
+    k_max = min(c.stage_layers(model)) // c.vpp - 1
+    safe = _least_block_recompute(model, cluster, c, k_max, rank_fits, safe=True)
+    if safe is None or safe == c:
+        return []
+    e = estimate(model, cluster, safe)
+    res.priced_estimates.append(e)
+    return [e] if e.fits else []
 
 
 def _memory_screen(model: ModelSpec, cluster: ClusterSpec, s: Strategy, uneven: bool = True,
@@ -1601,30 +1665,37 @@ def _memory_screen(model: ModelSpec, cluster: ClusterSpec, s: Strategy, uneven: 
     return may_fit, n_max, peak
 
 
-def _price(model, cluster, s: Strategy, solver: str, res: SearchResult, uneven: bool = True):
-    """Estimate one candidate and re-split its layers exactly. Returns (the best fitting
-    estimate or None, (bytes short, estimate) when it does not fit)."""
+def _price(model, cluster, s: Strategy, solver: str, res: SearchResult, uneven: bool = True,
+           safe_split: bool = False):
+    """Estimate one candidate and re-split its layers exactly. Returns (the estimates that fit,
+    (bytes short, estimate) when none does). With `safe_split`, when the fastest split is
+    TIGHT the layers are split again within each stage's room with the memory model's margin
+    (the plan that fits safely may be another split of the same candidate)."""
     try:
         e = estimate(model, cluster, s)
     except InvalidStrategy:
         res.invalid += 1
-        return None, None
+        return [], None
     res.priced += 1
     res.priced_estimates.append(e)
-    best = e if e.fits else None
-    gaps: list = []
-    s2, used = refine_partition(model, cluster, s, e, solver, res.warnings, gaps, uneven)
-    if used != "none":
-        res.solver = used
-    res.optimality_gap = max([res.optimality_gap] + gaps)
-    e2 = _estimate_split(model, cluster, s, s2)
-    if e2 is not None:
-        res.priced_estimates.append(e2)
-        if e2.fits and (best is None or e2.step_time_s < best.step_time_s):
-            best = e2
-    if best is not None:
-        return best, None
-    return None, (_short(e), e)
+    fitting = [e] if e.fits else []
+    for safe in (False, True):
+        if safe and (not safe_split or not fitting
+                     or min(fitting, key=lambda x: x.step_time_s).memory_verdict != "tight"):
+            break
+        gaps: list = []
+        s2, used = refine_partition(model, cluster, s, e, solver, res.warnings, gaps, uneven, safe)
+        if used != "none":
+            res.solver = used
+        res.optimality_gap = max([res.optimality_gap] + gaps)
+        e2 = _estimate_split(model, cluster, s, s2)
+        if e2 is not None:
+            res.priced_estimates.append(e2)
+            if e2.fits:
+                fitting.append(e2)
+    if fitting:
+        return fitting, None
+    return [], (_short(e), e)
 
 
 def _estimate_split(model, cluster, s: Strategy, s2):
@@ -1638,16 +1709,20 @@ def _estimate_split(model, cluster, s: Strategy, s2):
 
 
 def _ilp_cross_check(model, cluster, plans: list[Estimate], solver: str, res: SearchResult,
-                     uneven: bool = True) -> list[Estimate]:
+                     uneven: bool = True, safe: bool = False) -> list[Estimate]:
     """--solver ilp: the search prices with the exact DP (milliseconds a candidate); the top
-    plans' splits are then solved again as an ILP, which agrees unless a solver limit hit."""
+    plans' splits are then solved again as an ILP, which agrees unless a solver limit hit.
+    `safe`: a plan that fits with margin is replaced only by a split that does too."""
     out = []
     for e in plans:
-        s2, used = refine_partition(model, cluster, e.strategy, e, solver, res.warnings, uneven=uneven)
+        keep_safe = safe and e.memory_verdict == "fits"
+        s2, used = refine_partition(model, cluster, e.strategy, e, solver, res.warnings, uneven=uneven,
+                                    safe=keep_safe)
         if used.startswith("ilp"):
             res.solver = f"dp, checked by {used}"
         e2 = _estimate_split(model, cluster, e.strategy, s2)
-        out.append(e2 if e2 is not None and e2.fits and e2.step_time_s < e.step_time_s else e)
+        ok = e2 is not None and (e2.memory_verdict == "fits" if keep_safe else e2.fits)
+        out.append(e2 if ok and e2.step_time_s < e.step_time_s else e)
     return sorted(out, key=lambda x: x.step_time_s)
 
 
