@@ -759,3 +759,13 @@ def test_candidate_screen_shares_its_terms_within_a_family(model):
                     assert _memory_screen(model, MIXED, s, terms=terms) == _memory_screen(model, MIXED, s)
                     checked += 1
     assert checked >= 4
+
+
+def test_a_sequence_past_the_models_positions_is_a_named_warning():
+    """A RoPE model planned beyond max_position_embeddings is searched (Megatron runs it with
+    --max-position-embeddings raised), with a warning naming both lengths and rope scaling."""
+    short = replace(MODEL, max_position_embeddings=1024)
+    r = search(short, HOMOGENEOUS, OPTIONS)
+    assert r.plans
+    assert any("2048" in w and "1024" in w and "rope scaling" in w for w in r.warnings), r.warnings
+    assert not any("max_position_embeddings" in w for w in search(MODEL, HOMOGENEOUS, OPTIONS).warnings)

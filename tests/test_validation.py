@@ -1,4 +1,4 @@
-"""The validation sets as tests: what the README's accuracy table states must stay true.
+"""The validation sets as tests: what docs/accuracy.md's table states must stay true.
 (The full tables: python validation/bridge.py, python validation/memory.py.)"""
 
 import sys

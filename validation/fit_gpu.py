@@ -10,7 +10,7 @@ dense (Llama) rows; host_launch_overhead (25 us, one host constant for every pro
 on the MoE rows with those fixed; with MoE layers placed by their schedule
 (cost/moe_schedule.py) and one cuBLAS GEMM per local expert, `--gpu all --rows moe` still prefers
 25 us (18.2%; 18.9% at 20 us, 25.0% at 30 us), from rows that err on both sides of zero (see
-README, Accuracy). Each grid point prints its MAPE and the per-row errors.
+docs/accuracy.md). Each grid point prints its MAPE and the per-row errors.
 """
 
 from __future__ import annotations

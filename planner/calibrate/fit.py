@@ -37,8 +37,8 @@ from .nccl_tests import COLLECTIVES, UNSUPPORTED, NcclFile, Table, collective_of
 from .robust import geometric_mean
 from .steady import SteadyState, steady_state
 
-# The planner's own iteration-time error on published runs (README 'Accuracy': 5.3% MAPE): two
-# logs whose residuals differ by less than this cannot tell one parameter from model error.
+# The planner's own iteration-time error on published dense runs (docs/accuracy.md: 2-4% MAPE, rows
+# up to 7.7%): two logs whose residuals differ by less than this cannot tell one parameter from model error.
 MODEL_TIME_ERROR = 0.05
 # A parameter the logs pin to within 20% (one standard error, relative) is determined; beyond
 # that it stays at its profile value (planner assumption).

@@ -1,4 +1,4 @@
-"""Results as JSON-ready dicts (a stable contract, see README 'JSON output') and rich tables."""
+"""Results as JSON-ready dicts (a stable contract, see docs/json.md) and rich tables."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Write emitted plans: DIR/plan-K/{megatron.args, launch.sh, plan.json} and DIR/planner-manifest.json.
 
-Output safety (README "Reliability"):
+Output safety (docs/reliability.md):
 - the new output is written into a sibling temporary folder and renamed into place, so a
   failure (an error, a full disk, Ctrl-C) leaves the old output as it was;
 - the manifest lists every file planner wrote, with its size and SHA-256; `--force` replaces

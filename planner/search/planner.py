@@ -1219,6 +1219,13 @@ def _search(model: ModelSpec, cluster: ClusterSpec, o: SearchOptions, progress) 
                            f"(max_position_embeddings {model.max_position_embeddings}); no plan can run it")
     check_objective(cluster, o.objective, o.charge_idle)
     res = SearchResult(plans=[], solver=o.solver, objective=o.objective)
+    if o.seq_length > model.max_position_embeddings:
+        # rotary models run any length, but past the one they were built for they need their
+        # positions rescaled or long-context training: say so rather than emit it silently
+        _warn(res.warnings, f"--seq-length {o.seq_length} exceeds {model.name}'s max_position_embeddings "
+                            f"({model.max_position_embeddings}); launches set --max-position-embeddings "
+                            f"{o.seq_length}. Past its trained length a RoPE model needs rope scaling "
+                            "(--use-rope-scaling --rope-scaling-factor) or a long-context stage")
     bounds = _Bounds(model, cluster)
     zero_opts = _zero_options(o)
     heap: list = []   # (objective bound, tie, kind, payload)

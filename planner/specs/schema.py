@@ -1,5 +1,5 @@
 """JSON Schemas (draft 2020-12) of the three spec files, for editors (YAML language servers
-validate and complete with them; see README 'Editor support').
+validate and complete with them; see docs/specs.md, 'Editor support').
 
 The loaders stay the authority (ranges, cross-field rules, units); the schemas describe the
 same fields and are checked against the loaders' field sets in tests/test_schema.py.
