@@ -162,16 +162,20 @@ def _isatty(fd: int) -> bool:
 DATA_DIR_VARIABLE = "PLANNER_DATA_DIR"
 
 
-def data_dir(environ, default: Path) -> Path:
-    """The folder of bundled specs: $PLANNER_DATA_DIR (checked: it must be a folder) or
-    `default`. Empty means unset."""
+def data_dir(environ) -> Path | None:
+    """$PLANNER_DATA_DIR: a user's own folder of specs, searched before the bundled ones so that
+    it adds models, clusters and GPU profiles (or overrides one by name) without copying the
+    rest. None when unset; empty means unset."""
     value = environ.get(DATA_DIR_VARIABLE) or ""
-    return Path(value) if value else default
+    return Path(value) if value else None
 
 
-def check_data_dir(environ, root: Path) -> None:
-    """Refuse a PLANNER_DATA_DIR that is not a folder, in one line."""
-    if environ.get(DATA_DIR_VARIABLE) and not root.is_dir():
-        what = "does not exist" if not os.path.lexists(root) else "is not a folder"
-        raise SpecError(DATA_DIR_VARIABLE, None, f"{printable(root)} {what}; expected a folder holding "
-                        "hardware_profiles/, model_specs/ and examples/clusters/ (or unset it)")
+def check_data_dir(environ) -> Path | None:
+    """data_dir, refusing in one line a value that is not a folder (a typo must not silently
+    leave only the bundled specs)."""
+    folder = data_dir(environ)
+    if folder is not None and not folder.is_dir():
+        what = "does not exist" if not os.path.lexists(folder) else "is not a folder"
+        raise SpecError(DATA_DIR_VARIABLE, None, f"{printable(folder)} {what}; expected a folder holding any of "
+                        "hardware_profiles/, model_specs/, examples/clusters/ or clusters/ (or unset it)")
+    return folder
