@@ -136,7 +136,8 @@ def test_fragments_and_tools_are_not_launches(tmp_path):
     with pytest.raises(SpecError, match="no Megatron-LM training launch"):
         parse_file(f, env={})
     f.write_text("torchrun --nproc-per-node 8 pretrain_t5.py --num-layers 12\n")
-    with pytest.raises(SpecError, match="pretrain_t5.py: the planner prices decoder-only GPT"):
+    with pytest.raises(SpecError, match=r"pretrain_t5.py: T5 \(encoder-decoder\) is not a decoder-only GPT model; "
+                       "the planner reads pretrain_gpt.py launches"):
         parse_file(f, env={})
 
 
@@ -500,3 +501,180 @@ def test_an_unquoted_array_expansion_splits_a_quoted_value_as_bash_does():
     assert "after --step-batch-size-schedule, which takes one value" in msg and '"${ARR[@]}"' in msg
     L = parse_text(head + '"${ARGS[@]}" ' + BASE, "t.sh", env={})
     assert L.raw["step_batch_size_schedule"] == "0:16 2.4B:320 4.8B:624"
+
+
+# ---- the vocabulary from the tokenizer a launch names (planner/megatron/tokenizers.py) -------
+
+NO_VOCAB = BASE.replace("--vocab-size 32000 ", "")
+
+
+def _tokenizer_json(path: Path, vocab, added=()) -> Path:
+    """A Hugging Face tokenizer.json: model.vocab (a token -> id map, or Unigram's list of
+    [piece, score]) and added_tokens."""
+    path.write_text(json.dumps({"version": "1.0", "model": {"type": "BPE", "vocab": vocab},
+                                "added_tokens": [{"id": i, "content": c, "special": True} for i, c in added]}))
+    return path
+
+
+@pytest.mark.parametrize("tokenizer,vocab", [
+    # HF config.json "vocab_size", equal to len(tokenizer), which Megatron pads (huggingface_tokenizer.py)
+    ("--tokenizer-type HuggingFaceTokenizer --tokenizer-model meta-llama/Meta-Llama-3-8B", 128256),
+    ("--tokenizer-type HuggingFaceTokenizer --tokenizer-model meta-llama/Llama-3.2-1B-Instruct", 128256),
+    ("--tokenizer-type SFTTokenizer --tokenizer-model nvidia/Llama-3.1-70B-Instruct-FP8", 128256),
+    ("--tokenizer-type HuggingFaceTokenizer --tokenizer-model mistralai/Mistral-7B-v0.1", 32000),
+    ("--tokenizer-type HuggingFaceTokenizer --tokenizer-model mistralai/Mistral-7B-Instruct-v0.3", 32768),
+    ("--tokenizer-type HuggingFaceTokenizer --tokenizer-model openai-community/gpt2", 50257),
+    # the type fixes it: Llama 2's tokenizer.model has 32,000 pieces; TikTokenizer's default is
+    # 2**17 (tiktoken_tokenizer.py DEFAULT_TIKTOKEN_MAX_VOCAB); GPT-2 BPE's vocab.json 50,257
+    ("--tokenizer-type Llama2Tokenizer --tokenizer-model /nowhere/tokenizer.model", 32000),
+    ("--tokenizer-type TikTokenizer --tokenizer-model /nowhere/tiktoken.json", 131072),
+    ("--tokenizer-type GPT2BPETokenizer", 50257),
+    ("--vocab-file /nowhere/gpt2-vocab.json --merge-file /nowhere/gpt2-merges.txt", 50257),
+    ("--merge-file /nowhere/gpt2-merges.txt", 50257),
+])
+def test_the_vocabulary_of_a_well_known_tokenizer_comes_from_the_table(tokenizer, vocab):
+    L = parse_words((NO_VOCAB + " " + tokenizer).split(), "t", world_size=8)
+    assert L.model.vocab_size == vocab
+    said = [n for n in L.notes if n.startswith(f"vocabulary {vocab}: ")]
+    assert len(said) == 1 and "add --vocab-size if yours differs" in said[0] and "None" not in said[0]
+
+
+def test_a_given_vocab_size_wins_over_the_tokenizer():
+    # TikTokenizer takes --vocab-size when given (build_tokenizer.py passes it on)
+    L = parse_words((BASE + " --tokenizer-type TikTokenizer --tokenizer-model t.json").split(), "t", world_size=8)
+    assert L.model.vocab_size == 32000
+
+
+def test_a_llama_style_script_names_its_tokenizer_by_hugging_face_id():
+    L = parse_file(FIX / "train_llama_hf_tokenizer.sh", env={})
+    assert L.model.vocab_size == 128256 and L.world_size == 8       # meta-llama/Meta-Llama-3-8B
+    assert any("Llama 3's tokenizer (--tokenizer-model meta-llama/Meta-Llama-3-8B)" in n for n in L.notes)
+    r = _cli("check", "--cluster", "dgx-h100-x8", "--megatron-args", str(FIX / "train_llama_hf_tokenizer.sh"))
+    assert r.returncode in (0, 1) and "vocabulary 128256" in r.stdout, r.stdout + r.stderr
+
+
+def test_a_local_tokenizer_json_is_counted_with_its_added_tokens(tmp_path):
+    """len(tokenizer): 5 vocabulary ids plus 3 added tokens, one of which reuses id 4 -> 7."""
+    folder = tmp_path / "my-tokenizer"
+    folder.mkdir()
+    _tokenizer_json(folder / "tokenizer.json", {"a": 0, "b": 1, "c": 2, "d": 3, "<eos>": 4},
+                    added=[(4, "<eos>"), (5, "<pad>"), (6, "<sep>")])
+    for value in (folder, folder / "tokenizer.json"):            # the folder, or the file itself
+        L = parse_file(FIX / "train_llama_hf_tokenizer.sh", env={}, settings={"TOKENIZER_MODEL": str(value)})
+        assert L.model.vocab_size == 7
+        assert any(n.startswith("vocabulary 7: counted in ") and "tokenizer.json (--tokenizer-model)" in n
+                   for n in L.notes)
+    # a Unigram model's vocab is a list of [piece, score]
+    _tokenizer_json(folder / "tokenizer.json", [["<unk>", 0.0], ["a", -1.0], ["b", -2.0]], added=[(3, "<s>")])
+    assert parse_file(FIX / "train_llama_hf_tokenizer.sh", env={},
+                      settings={"TOKENIZER_MODEL": str(folder)}).model.vocab_size == 4
+
+
+def test_a_local_tokenizer_file_that_is_not_one_is_refused_naming_it(tmp_path):
+    bad = tmp_path / "tokenizer.json"
+    bad.write_text("{not json")
+    with pytest.raises(SpecError, match=r"tokenizer.json: --tokenizer-model: not JSON .*expected a Hugging Face "
+                                        r"tokenizer.json or a GPT-2 vocab.json"):
+        parse_file(FIX / "train_llama_hf_tokenizer.sh", env={}, settings={"TOKENIZER_MODEL": str(bad)})
+    bad.write_text(json.dumps({"model": {"type": "BPE"}}))
+    with pytest.raises(SpecError, match="tokenizer.json: --tokenizer-model: no vocabulary in it"):
+        parse_file(FIX / "train_llama_hf_tokenizer.sh", env={}, settings={"TOKENIZER_MODEL": str(bad)})
+
+
+def test_a_gpt3_style_script_asks_for_the_argument_that_names_its_vocab_file(tmp_path):
+    """examples/gpt3 passes --vocab-file $VOCAB_FILE with VOCAB_FILE=$3 and no default: the file
+    could be counted if given, so the one-line error names the flag, the variable, the
+    script argument and the --set that gives it."""
+    script = FIX / "train_gpt_vocab_from_args.sh"
+    want = (r"--vocab-size: absent, and --vocab-file is \$VOCAB_FILE, set from the script's argument \$2: "
+            r"add --set 2=PATH \(the GPT-2 vocab.json\) or --vocab-size N")
+    with pytest.raises(SpecError, match=want):
+        parse_file(script, env={})
+    r = _cli("check", "--cluster", "dgx-h100-x8", "--megatron-args", str(script))
+    assert r.returncode == 2 and re.search(want, r.stderr) and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert "None" not in r.stderr
+    # given, a vocab.json here is counted; a path that is not here is the stock GPT-2 file
+    vocab = tmp_path / "vocab.json"
+    vocab.write_text(json.dumps({f"t{i}": i for i in range(1000)}))
+    L = parse_file(script, env={}, settings={"2": str(vocab)})
+    assert L.model.vocab_size == 1000 and any("counted in" in n and "(--vocab-file)" in n for n in L.notes)
+    assert parse_file(script, env={}, settings={"2": "/nowhere/gpt2-vocab.json"}).model.vocab_size == 50257
+    r = _cli("check", "--cluster", "dgx-h100-x8", "--megatron-args", str(script), "--set", f"2={vocab}")
+    assert r.returncode in (0, 1) and "vocabulary 1000: counted in" in r.stdout, r.stdout + r.stderr
+
+
+def test_a_relative_vocab_file_is_found_next_to_the_script(tmp_path):
+    script = tmp_path / "train.sh"
+    script.write_text((FIX / "train_gpt_vocab_from_args.sh").read_text())
+    (tmp_path / "gpt2-vocab.json").write_text(json.dumps({"a": 0, "b": 1, "c": 2}))
+    assert parse_file(script, env={}, settings={"2": "gpt2-vocab.json"}).model.vocab_size == 3
+
+
+def test_a_tokenizer_named_by_an_unset_variable_or_a_command_is_asked_for():
+    head = "torchrun --nproc-per-node 8 pretrain_gpt.py " + NO_VOCAB
+    with pytest.raises(SpecError, match=r"--vocab-size: absent, and --tokenizer-model is \$TOK, which the script "
+                                        r"does not set: add --set TOK=ID_OR_PATH \(a Hugging Face id or tokenizer "
+                                        r"folder\) or --vocab-size N"):
+        parse_text(head + " --tokenizer-type HuggingFaceTokenizer --tokenizer-model $TOK", "t.sh", env={})
+    with pytest.raises(SpecError, match=r"--tokenizer-model is \$TOK_DIR, the output of `\$\(cat tok.txt\)`, not run "
+                                        r"here: add --set TOK_DIR=ID_OR_PATH"):
+        parse_text("TOK_DIR=$(cat tok.txt)\n" + head + " --tokenizer-type HuggingFaceTokenizer --tokenizer-model $TOK_DIR",
+                   "t.sh", env={})
+    with pytest.raises(SpecError, match=r"--tokenizer-type is the script's argument \$1: add --set 1=TYPE"):
+        parse_text(head + " --tokenizer-type $1", "t.sh", env={})
+    # Llama2Tokenizer's file is not counted (no sentencepiece here): its type sizes it, given or not
+    L = parse_text("TOKENIZER_MODEL=$2\n" + head + " --tokenizer-type Llama2Tokenizer --tokenizer-model $TOKENIZER_MODEL",
+                   "t.sh", env={})
+    assert L.model.vocab_size == 32000
+
+
+def test_without_a_tokenizer_the_vocabulary_is_asked_for_in_words():
+    with pytest.raises(SpecError, match=r"--vocab-size: absent, and there is no --tokenizer-type \(nor GPT-2 "
+                                        r"--vocab-file / --merge-file\) to size the vocabulary from: add --vocab-size N"):
+        parse_words(NO_VOCAB.split(), "t", world_size=8)
+    with pytest.raises(SpecError, match=r"--vocab-size: absent; --tokenizer-type NullTokenizer takes its vocabulary "
+                                        r"from it: add --vocab-size N"):
+        parse_words((NO_VOCAB + " --tokenizer-type NullTokenizer").split(), "t", world_size=8)
+
+
+@pytest.mark.parametrize("entry,family", [
+    ("examples/bert/pretrain_bert.py", "BERT (encoder-only)"),
+    ("pretrain_mamba.py", "Mamba (state-space)"),
+    ("${SOURCE}/examples/multimodal/train.py", "LLaVA-style vision-language (multimodal)"),
+    ("examples/mimo/train.py", "MIMO (multimodal)"),
+])
+def test_other_model_families_are_refused_by_name(entry, family):
+    text = f"torchrun --nproc-per-node 8 {entry} {BASE} --encoder-num-layers 4\n"
+    with pytest.raises(SpecError, match=re.escape(f"{family} is not a decoder-only GPT model; the planner reads "
+                                                  "pretrain_gpt.py launches")):
+        parse_text(text, "t.sh", env={})
+
+
+def test_a_users_own_train_py_is_read_as_gpt():
+    L = parse_text(f"torchrun --nproc-per-node 8 my/train.py {BASE}\n", "t.sh", env={})
+    assert L.entry == "train.py" and L.model.vocab_size == 32000
+
+
+def test_the_script_folder_idiom_sources_a_neighbour(tmp_path):
+    """SCRIPT_DIR="$(dirname "$(readlink -f "$0")")" (Megatron-LM's examples/post_training/modelopt)
+    is the folder the script was read from, so `source ${SCRIPT_DIR}/conf.sh` is read."""
+    (tmp_path / "conf.sh").write_text(f'MODEL_ARGS="{BASE}"\n')
+    script = tmp_path / "train.sh"
+    script.write_text('SCRIPT_DIR="$(dirname "$(readlink -f "$0")")"\nsource "${SCRIPT_DIR}/conf.sh"\n'
+                      "torchrun --nproc-per-node 8 pretrain_gpt.py ${MODEL_ARGS}\n")
+    L = parse_file(script, env={})
+    assert L.model.num_layers == 8 and any("the script's folder" in n for n in L.notes)
+
+
+def test_flags_in_a_file_sourced_by_a_script_argument_ask_for_that_argument(tmp_path):
+    """examples/post_training/modelopt/train.sh sources conf/${1}.sh for the model's flags: without
+    the argument the error points at that `source`; with --set 1=... it is read."""
+    (tmp_path / "conf").mkdir()
+    (tmp_path / "conf" / "small.sh").write_text(f'MODEL_ARGS="{BASE}"\n')
+    script = tmp_path / "train.sh"
+    script.write_text('SCRIPT_DIR="$(dirname "$(readlink -f "$0")")"\nsource "${SCRIPT_DIR}/conf/$1.sh"\n'
+                      "torchrun --nproc-per-node 8 pretrain_gpt.py ${MODEL_ARGS}\n")
+    with pytest.raises(SpecError, match=r"--num-layers: required.*`source .*conf/\$1.sh`: the path cannot be known "
+                                        r"without running it; not read \(--set what its path needs\)"):
+        parse_file(script, env={})
+    assert parse_file(script, env={}, settings={"1": "small"}).model.num_layers == 8

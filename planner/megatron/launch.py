@@ -20,11 +20,10 @@ from ..specs.model import ModelSpec, model_from_dict
 from ..strategy import Strategy
 from .flags import ParsedFlags, Word, parse_flags, table
 from .layout import LayoutError, parse_layout, rank_sums, split_chunk_layers
-from .shell import flag_words, is_flags_text, read_script, sbatch_options
+from .shell import Partial, Unknown, flag_words, is_flags_text, read_script, sbatch_options
+from .tokenizers import GPT2_BPE_VOCAB_SIZE, SENTENCEPIECE_TYPES, vocab_flag, vocab_of  # noqa: F401 (re-exported)
 
 MAX_LAUNCH_BYTES = 1_000_000
-# entries in the stock GPT-2 BPE vocab.json / gpt2-vocab.json (Radford et al. 2019; HF gpt2 config vocab_size)
-GPT2_BPE_VOCAB_SIZE = 50257
 # Megatron's defaults that differ from the planner's own Strategy defaults (arguments.py /
 # transformer_config.py at the table's commit): read from the table, named here for clarity
 ATTENTION_BACKEND_FUSED = {"flash": True, "fused": True, "auto": True, "unfused": False, "local": False}
@@ -37,11 +36,27 @@ _WRAPPERS_SCAN = {"nsys", "numactl", "uv", "env", "exec", "time", "nohup", "task
 # The caching allocator's settings; PyTorch reads PYTORCH_ALLOC_CONF first, then the older name
 # (c10/core/AllocatorConfig.cpp). "expandable_segments:True" maps memory into growing segments.
 ALLOC_CONF_VARS = ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF")
+# the end of shell.py's note on a `source FILE` whose path depends on a value not known
+UNREAD_SOURCE = "the path cannot be known without running it; not read"
 _ENTRY_HINT = re.compile(r"^(pretrain|train|finetune)")
 GPT_ENTRIES = ("pretrain_gpt.py",)
-# Megatron-LM entry scripts of models the planner does not price (encoder-decoder, BERT, Mamba)
-NOT_PRICED_ENTRIES = ("pretrain_t5.py", "pretrain_bert.py", "pretrain_mamba.py", "pretrain_hybrid.py",
-                      "pretrain_vlm.py", "pretrain_ict.py", "pretrain_vision_classify.py")
+# Megatron-LM's training scripts of other model families (its root, examples/ and their older
+# names), by file name or by the end of their path -> the family, named when refusing them
+OTHER_FAMILIES = {
+    "pretrain_t5.py": "T5 (encoder-decoder)",
+    "pretrain_bert.py": "BERT (encoder-only)",
+    "pretrain_retro.py": "RETRO (retrieval-augmented)",
+    "pretrain_ict.py": "ICT (BERT retriever)",
+    "pretrain_mamba.py": "Mamba (state-space)",
+    "pretrain_hybrid.py": "hybrid Mamba-Transformer",
+    "pretrain_vlm.py": "vision-language (multimodal)",
+    "pretrain_vision_classify.py": "vision transformer (classifier)",
+    "pretrain_vision_dino.py": "vision transformer (DINO)",
+    "pretrain_vision_inpaint.py": "vision transformer (inpainting)",
+    "pretrain_mimo.py": "MIMO (multimodal)",
+    "examples/mimo/train.py": "MIMO (multimodal)",
+    "examples/multimodal/train.py": "LLaVA-style vision-language (multimodal)",
+}
 
 
 def v_has(pf: ParsedFlags, *dests: str) -> bool:
@@ -96,6 +111,7 @@ class _Found:
     world_from: str = ""
     notes: list = field(default_factory=list)
     prefix_env: dict = field(default_factory=dict)   # NAME=value words before the launch command
+    entry_path: str = ""                              # the training script as written
 
 
 def _basename(w: Word) -> str:
@@ -208,7 +224,8 @@ def find_launch(text: str, source: str, env: dict, base_dir: Path | None, args: 
     penv.update({k: v for k, v in res.variables.items() if isinstance(v, str)})
     penv.update({k: v for k, v in c.env.items() if isinstance(v, str)})
     f = _Found(args=c.words[i + 1:], launcher=c.words[:i], entry=_basename(c.words[i]), line=c.line,
-               wrappers=c.wrappers, env=penv, prefix_env={k: v for k, v in c.env.items() if isinstance(v, str)})
+               wrappers=c.wrappers, env=penv, prefix_env={k: v for k, v in c.env.items() if isinstance(v, str)},
+               entry_path=c.words[i].text)
     if len(cands) > 1:
         f.notes.append(f"{len(cands)} commands run a Python script; read the training launch at line {c.line}")
     _world_from_launcher(f, res.sbatch)
@@ -235,11 +252,14 @@ def _clean(name: str) -> str:
 
 def from_flags(pf: ParsedFlags, source: str, name: str, world: int | None = None, world_from: str = "",
                default_world_size: int | None = None, vocab_model: ModelSpec | None = None,
-               notes: list | None = None, entry: str = "", script_env: tuple = ()) -> MegatronLaunch:
+               notes: list | None = None, entry: str = "", script_env: tuple = (),
+               holders: dict | None = None, search_dirs: tuple = ()) -> MegatronLaunch:
     """Megatron's flags (parsed with its table) -> MegatronLaunch. `vocab_model`: the model
     whose vocabulary to use when --vocab-size is absent (--model). `entry`: the training script;
     one other than pretrain_gpt.py may add arguments of its own, so flags the table does not
-    know are listed as not priced instead of refused."""
+    know are listed as not priced instead of refused. `holders`: unknown value -> the script
+    variable holding it, to name in errors; `search_dirs`: where a tokenizer file named by a
+    relative path is looked for (the script's folder)."""
     t = table()
     notes = list(notes or [])
     own_args: list[tuple[str, str]] = []
@@ -251,10 +271,9 @@ def from_flags(pf: ParsedFlags, source: str, name: str, world: int | None = None
             pf.errors[:0] = pf.unrecognized_messages()
     if pf.errors:
         raise InvalidLaunch(pf.errors, source)
-    if entry in NOT_PRICED_ENTRIES or v_has(pf, "hybrid_layer_pattern", "is_hybrid_model"):
-        raise SpecError(source, None if entry in NOT_PRICED_ENTRIES else "--hybrid-layer-pattern",
-                        f"{entry if entry in NOT_PRICED_ENTRIES else 'a hybrid Mamba launch'}: the planner prices decoder-only GPT training "
-                        "(pretrain_gpt.py); this model is not priced")
+    if v_has(pf, "hybrid_layer_pattern", "is_hybrid_model"):
+        raise SpecError(source, "--hybrid-layer-pattern", "a hybrid Mamba-Transformer is not a decoder-only GPT "
+                        "model; the planner reads pretrain_gpt.py launches")
     given = pf.given
     for dest, names in pf.unknown.items():
         f = t.by_dest[dest]
@@ -273,10 +292,13 @@ def from_flags(pf: ParsedFlags, source: str, name: str, world: int | None = None
     for req in ("num_layers", "hidden_size", "num_attention_heads"):
         if req not in v:
             opt = "--" + req.replace("_", "-")
+            # a `source` whose path needs a value not given (conf/$1.sh) may hold the flags
+            unread = [n for n in notes if n.endswith(UNREAD_SOURCE)]
             if unknown_words or pf.passthrough:
                 raise SpecError(source, opt, "required, and not among the words read" +
                                 (f"; {unknown_words[0]}: --set it" if unknown_words else "") +
-                                ("; the script passes its own arguments (\"$@\"): --set 1=... or write the flags" if pf.passthrough and not unknown_words else ""))
+                                ("; the script passes its own arguments (\"$@\"): --set 1=... or write the flags" if pf.passthrough and not unknown_words else "") +
+                                (f"; {unread[0]} (--set what its path needs)" if unread else ""))
             problems.append(("required-args", f"{opt} is required"))
     if problems:
         raise InvalidLaunch(problems, source)
@@ -308,29 +330,9 @@ def from_flags(pf: ParsedFlags, source: str, name: str, world: int | None = None
     elif pos == "relative":
         pos = "none"
     m["position_embedding_type"] = pos
-    # vocabulary
-    if "vocab_size" in v:
-        m["vocab_size"] = v["vocab_size"]
-    elif vocab_model is not None:
-        m["vocab_size"] = vocab_model.vocab_size
-        notes.append(f"vocabulary {vocab_model.vocab_size} from --model {vocab_model.name} (no --vocab-size)")
-    else:
-        tok, tmodel = val("tokenizer_type"), val("tokenizer_model")
-        bundled = _bundled_for_tokenizer(tok, tmodel)
-        if tok == "GPT2BPETokenizer" or (tok is None and val("merge_file")):
-            # the only tokenizer that takes --vocab-file with --merge-file is GPT-2's byte-level
-            # BPE, and the files every Megatron GPT example downloads are the stock ones
-            m["vocab_size"] = GPT2_BPE_VOCAB_SIZE
-            notes.append(f"vocabulary {GPT2_BPE_VOCAB_SIZE}: the stock GPT-2 BPE files (--vocab-file "
-                         f"{val('vocab_file') or '?'}); add --vocab-size if yours differ")
-        elif bundled is not None:
-            m["vocab_size"] = bundled.vocab_size
-            notes.append(f"vocabulary {bundled.vocab_size} from bundled model {bundled.name} "
-                         f"(--tokenizer-model {tmodel}; no --vocab-size)")
-        else:
-            saw = f"--tokenizer-type {tok}" + (f" --tokenizer-model {tmodel}" if tmodel else "")
-            raise SpecError(source, "--vocab-size", f"absent, and the vocabulary of {saw} cannot be read here: "
-                            "pass --model (a bundled name or a config) or add --vocab-size")
+    m["vocab_size"], vocab_note = _vocabulary(pf, val, source, vocab_model, holders or {}, search_dirs)
+    if vocab_note:
+        notes.append(vocab_note)
     if val("num_experts") is not None:
         m["num_experts"] = val("num_experts")
         m["moe_router_topk"] = val("moe_router_topk")
@@ -386,6 +388,93 @@ def _flag_of(model_field: str | None) -> str:
     if not model_field:
         return "model"
     return _MODEL_FIELD_FLAG.get(model_field, "--" + model_field.replace("_", "-"))
+
+
+def _refuse_other_family(entry: str, source: str) -> None:
+    """A training script of another model family (T5, BERT, Mamba, multimodal, ...) is refused
+    by name: its model is not the decoder-only GPT the planner prices, and reading its flags as
+    one would price something else."""
+    for key, family in OTHER_FAMILIES.items():
+        if os.path.basename(entry) == key or ("/" in key and (entry == key or entry.endswith("/" + key))):
+            raise SpecError(source, None, f"{key}: {family} is not a decoder-only GPT model; "
+                            "the planner reads pretrain_gpt.py launches")
+
+
+# what the flag that names the tokenizer's vocabulary should be given, in an error's fix
+_VOCAB_SOURCE_WANTED = {"--vocab-file": ("PATH", "the GPT-2 vocab.json"),
+                        "--tokenizer-model": ("ID_OR_PATH", "a Hugging Face id or tokenizer folder"),
+                        "--tokenizer-type": ("TYPE", "a tokenizer type")}
+
+
+def _vocabulary(pf: ParsedFlags, val, source: str, vocab_model: ModelSpec | None, holders: dict,
+                search_dirs: tuple) -> tuple[int, str]:
+    """(vocabulary, what was assumed) as Megatron builds it: --vocab-size, else --model's, else
+    the tokenizer's (planner.megatron.tokenizers: a file here, then a table of well-known ones),
+    else a bundled model named like the tokenizer. A tokenizer named by a value the script
+    cannot know without running (a script argument not given) is asked for: given, its file
+    could be counted."""
+    if "vocab_size" in pf.values:
+        return pf.values["vocab_size"], ""
+    if vocab_model is not None:
+        return vocab_model.vocab_size, f"vocabulary {vocab_model.vocab_size} from --model {vocab_model.name} (no --vocab-size)"
+    if "tokenizer_type" in pf.unknown:
+        raise _vocab_unknown(source, "--tokenizer-type", pf.unknown["tokenizer_type"], holders)
+    tok, tmodel = val("tokenizer_type"), val("tokenizer_model")
+    if tok in ("NullTokenizer", "NullMultimodalTokenizer"):
+        # build_tokenizer.py hands --vocab-size to NullTokenizer, which takes int(vocab_size)
+        raise SpecError(source, "--vocab-size", f"absent; --tokenizer-type {tok} takes its vocabulary from it: add --vocab-size N")
+    flag = vocab_flag(tok, "vocab_file" in pf.given or "merge_file" in pf.given)
+    dest = {"--vocab-file": "vocab_file", "--tokenizer-model": "tokenizer_model"}.get(flag)
+    # Llama2Tokenizer's .model and TikTokenizer's file are not counted: their type sizes them
+    if dest in pf.unknown and tok not in (*SENTENCEPIECE_TYPES, "TikTokenizer"):
+        raise _vocab_unknown(source, flag, pf.unknown[dest], holders)
+    found = vocab_of(tok, tmodel, val("vocab_file"), val("merge_file"), search_dirs)
+    if found is not None:
+        return found.size, f"vocabulary {found.size}: {found.how}; add --vocab-size if yours differs"
+    bundled = _bundled_for_tokenizer(tok, tmodel)
+    if bundled is not None:
+        return bundled.vocab_size, (f"vocabulary {bundled.vocab_size} from bundled model {bundled.name} "
+                                    f"(--tokenizer-model {tmodel}; no --vocab-size)")
+    if tok is None:
+        raise SpecError(source, "--vocab-size", "absent, and there is no --tokenizer-type (nor GPT-2 --vocab-file / "
+                        "--merge-file) to size the vocabulary from: add --vocab-size N, or pass --model (a bundled "
+                        "name or a config)")
+    saw = f"--tokenizer-type {tok}" + (f" --tokenizer-model {tmodel}" if tmodel else "")
+    raise SpecError(source, "--vocab-size", f"absent, and the vocabulary of {saw} is not known here (no tokenizer "
+                    "file of it here to count, not in the planner's table of tokenizers): add --vocab-size N "
+                    "(the tokenizer's length), or pass --model (a bundled name or a config)")
+
+
+def _vocab_unknown(source: str, flag: str, names: tuple, holders: dict) -> SpecError:
+    """The flag that names the vocabulary has a value the script cannot know without running:
+    say what it is (the variable, the script argument that sets it) and the --set that gives it."""
+    n = names[0]
+    holder = holders.get(n)
+    arg = re.fullmatch(r"\$\{?(\d+)\}?", n)
+    if arg:
+        what = (f"${holder}, set from the script's argument ${arg.group(1)}" if holder
+                else f"the script's argument ${arg.group(1)}")
+        key = arg.group(1)
+    elif re.fullmatch(r"[A-Za-z_]\w*", n):
+        what, key = f"${n}, which the script does not set", n
+    else:
+        what = (f"${holder}, " if holder else "") + f"the output of `{n}`, not run here"
+        key = holder
+    placeholder, wanted = _VOCAB_SOURCE_WANTED[flag]
+    fix = f"--set {key}={placeholder} ({wanted})" if key else "write the value"
+    return SpecError(source, "--vocab-size", f"absent, and {flag} is {what}: add {fix} or --vocab-size N")
+
+
+def _holders(variables: dict) -> dict:
+    """Unknown value -> the first script variable that holds just it (VOCAB_FILE=$3: '$3' ->
+    'VOCAB_FILE'), so that an error names the variable the launch line uses."""
+    out: dict = {}
+    for var, value in variables.items():
+        if isinstance(value, Unknown):
+            value = Partial((value,))
+        if isinstance(value, Partial) and len(value.segments) == 1 and isinstance(value.segments[0], Unknown):
+            out.setdefault(value.segments[0].name, var)
+    return out
 
 
 def _bundled_for_tokenizer(tok, tmodel) -> ModelSpec | None:
@@ -575,9 +664,11 @@ def parse_text(text: str, source: str, env: dict | None = None, default_world_si
         k += 1
     env.update(settings)
     name = Path(source).stem or "launch"
+    search_dirs = (base_dir,) if base_dir else ()
     if is_flags_text(text):
         pf = parse_flags(flag_words(text, source, env))
-        launch = from_flags(pf, source, name, default_world_size=default_world_size, vocab_model=vocab_model)
+        launch = from_flags(pf, source, name, default_world_size=default_world_size, vocab_model=vocab_model,
+                            search_dirs=search_dirs)
         return _with_stage_groups(_with_allocator(launch, {}, env), text, source)
     found, res = find_launch(text, source, env, base_dir, args, settings)
     notes = list(res.notes)
@@ -595,8 +686,10 @@ def parse_text(text: str, source: str, env: dict | None = None, default_world_si
                             "command, and not a flags file)" + hint)
         pf = parse_flags(words)
         launch = from_flags(pf, source, name, default_world_size=default_world_size, vocab_model=vocab_model,
-                            notes=notes, script_env=tuple(sorted(script_env.items())))
+                            notes=notes, script_env=tuple(sorted(script_env.items())),
+                            holders=_holders(res.variables), search_dirs=search_dirs)
     else:
+        _refuse_other_family(found.entry_path, source)
         notes.extend(found.notes)
         # a NAME=value prefix on the launch command is the training process's environment too
         cmd_env = {k: x for k, x in found.env.items() if k in ("CUDA_DEVICE_MAX_CONNECTIONS",) and k not in script_env}
@@ -605,7 +698,8 @@ def parse_text(text: str, source: str, env: dict | None = None, default_world_si
         pf = parse_flags(found.args)
         launch = from_flags(pf, source, name, world=found.world, world_from=found.world_from,
                             default_world_size=default_world_size, vocab_model=vocab_model, notes=notes,
-                            entry=found.entry, script_env=tuple(sorted(script_env.items())))
+                            entry=found.entry, script_env=tuple(sorted(script_env.items())),
+                            holders=_holders(res.variables), search_dirs=search_dirs)
         if found.entry not in ("pretrain_gpt.py",):
             launch = replace(launch, notes=launch.notes + (f"entry script {found.entry}: the planner prices "
                                                            "pretrain_gpt.py's decoder-only GPT",))

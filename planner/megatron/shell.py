@@ -466,6 +466,19 @@ _SRUN_VALUED = set("""-A --account -c --cpus-per-task -D --chdir -e --error -i -
 -m --network --reservation --qos -q --constraint -C --dependency -d --comment --nodefile -F --het-group
 --accel-bind --switches --wait -W --signal --open-mode --kill-on-bad-exit""".split())
 _SBATCH_VALUED = _SRUN_VALUED | {"--array", "-a", "--begin", "-b", "--mail-type", "--mail-user"}
+# the script's own folder, as scripts find it to source their neighbours (quotes aside):
+# SCRIPT_DIR="$(dirname "$(readlink -f "$0")")" in Megatron-LM's examples/post_training/modelopt
+_SCRIPT_DIR_IDIOMS = {"$(dirname $0)", "$(dirname $(readlink -f $0))", "$(dirname $(realpath $0))",
+                      "$(cd $(dirname $0) && pwd)", "$(cd $(dirname $(readlink -f $0)) && pwd)"}
+
+
+def _is_script_dir(command: str) -> bool:
+    """A command substitution that prints the folder of the script ($0): known without running
+    it, as the folder the script was read from."""
+    text = re.sub(r"\s+", " ", command.replace('"', "").replace("${0}", "$0")).strip()
+    if text.startswith("`") and text.endswith("`"):
+        text = "$(" + text[1:-1] + ")"
+    return text in _SCRIPT_DIR_IDIOMS
 
 
 def sbatch_options(words: list[str]) -> dict:
@@ -611,6 +624,12 @@ class Interpreter:
             if kind == "lit":
                 fields[-1].append(_Piece(part[1], False))
                 quoted_seen = quoted_seen or quoted
+                continue
+            if kind == "cmd" and self.base_dir is not None and _is_script_dir(part[1]):
+                fields[-1].append(_Piece(str(self.base_dir), not quoted and not assign))
+                msg = f"line {line}: {part[1]}: the script's folder, {self.base_dir}"
+                if msg not in self.notes:
+                    self.notes.append(msg)
                 continue
             if kind == "cmd":
                 fields[-1].append(_Piece(part[1], False, (Unknown(part[1], "command", part[1]),)))
