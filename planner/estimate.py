@@ -147,7 +147,8 @@ def assign_stage_groups(cluster: ClusterSpec, s: Strategy) -> list[list[NodeGrou
     return out
 
 
-def _layer_time(model, s_key, gpu, moe):
+def layer_time_of(model, s_key, gpu, moe):
+    """A layer's compute time (cost/compute.py layer_time) for a time key (time_key), cached."""
     if moe:
         return _layer_time_cached(model, s_key, gpu, True)
     # a dense layer's time does not depend on expert parallelism or the MoE dispatcher: one
@@ -181,21 +182,26 @@ def _clear_layer_times() -> None:
     _DENSE_KEYS.clear()
 
 
-_layer_time.cache_clear = _clear_layer_times   # as for an lru_cache (validation refits clear it)
+layer_time_of.cache_clear = _clear_layer_times   # as for an lru_cache (validation refits clear it)
+_layer_time = layer_time_of   # the former private name (tests and validation scripts use it)
 
 
 # The Strategy fields a layer's compute time depends on (cost/compute.py layer_time), and those
-# of them only a MoE layer reads.
-_TIME_KEY_FIELDS = ("tp", "cp", "ep", "etp", "micro_batch_size", "seq_length", "recompute", "sequence_parallel",
-                    "precision", "fused_attention", "recompute_modules", "fp8_recipe", "moe_token_dispatcher_type",
-                    "moe_pad_expert_input_to_capacity", "cuda_graph_impl", "cuda_graph_scope", "tp_comm_overlap")
-_MOE_ONLY_TIME_FIELDS = frozenset({"ep", "etp", "moe_token_dispatcher_type", "moe_pad_expert_input_to_capacity"})
-_DENSE_TIME_KEY_FIELDS = tuple(f for f in _TIME_KEY_FIELDS if f not in _MOE_ONLY_TIME_FIELDS)
+# of them only a MoE layer reads: the cache key of layer times. tests/test_layer_time_key.py
+# records every field layer_time reads and fails if one is missing here.
+LAYER_TIME_FIELDS = ("tp", "cp", "ep", "etp", "micro_batch_size", "seq_length", "recompute", "sequence_parallel",
+                     "precision", "fused_attention", "recompute_modules", "fp8_recipe", "moe_token_dispatcher_type",
+                     "moe_pad_expert_input_to_capacity", "cuda_graph_impl", "cuda_graph_scope", "tp_comm_overlap")
+MOE_ONLY_LAYER_TIME_FIELDS = frozenset({"ep", "etp", "moe_token_dispatcher_type", "moe_pad_expert_input_to_capacity"})
+_DENSE_TIME_KEY_FIELDS = tuple(f for f in LAYER_TIME_FIELDS if f not in MOE_ONLY_LAYER_TIME_FIELDS)
 
 
-def _time_key(s: Strategy) -> Strategy:
+def time_key(s: Strategy) -> Strategy:
     """The fields a layer's compute time depends on (for caching across the search)."""
-    return Strategy(**{f: getattr(s, f) for f in _TIME_KEY_FIELDS})
+    return Strategy(**{f: getattr(s, f) for f in LAYER_TIME_FIELDS})
+
+
+_time_key = time_key   # the former private name (tests use it)
 
 
 @dataclass(frozen=True)
@@ -220,13 +226,13 @@ def stage_compute(model: ModelSpec, s: Strategy, i: int, start: int, end: int, g
     n_moe_full = sum(1 for k in full_set if model.is_moe_layer(k))
     skip_dense, skip_moe = ((n_dense - (len(full_set) - n_moe_full), n_moe - n_moe_full)
                             if s.recompute == "full" else (0, 0))
-    tk = _time_key(s)
+    tk = time_key(s)
     moe_full = n_moe - skip_moe if s.recompute == "full" else 0   # MoE layers re-run in backward
     share = P.moe_alone_share(s, i)
     best = None
     for g in groups:
-        lt_d = _layer_time(model, tk, g.gpu, False)
-        lt_m = _layer_time(model, tk, g.gpu, True) if model.is_moe else lt_d
+        lt_d = layer_time_of(model, tk, g.gpu, False)
+        lt_m = layer_time_of(model, tk, g.gpu, True) if model.is_moe else lt_d
         f = n_dense * lt_d.forward
         bwd = n_dense * (lt_d.backward_input + lt_d.backward_weight + lt_d.recompute) - skip_dense * lt_d.recompute
         f, bwd = host_bound(f, bwd, n_dense * lt_d.host_forward, n_dense * lt_d.host_backward)
@@ -248,7 +254,8 @@ def stage_compute(model: ModelSpec, s: Strategy, i: int, start: int, end: int, g
             of, ob = C.output_layer_time(model, s, g.gpu)
             f, bwd = f + of, bwd + ob
             if model.mtp_num_layers:
-                mf, mb = C.mtp_time(model, s, g.gpu, _layer_time(model, tk, g.gpu, model.is_moe_layer(model.num_layers - 1)))
+                mf, mb = C.mtp_time(model, s, g.gpu,
+                                    layer_time_of(model, tk, g.gpu, model.is_moe_layer(model.num_layers - 1)))
                 f, bwd = f + mf, bwd + mb
         if best is None or f + bwd > best.forward_s + best.backward_s:
             best = StageCompute(f, bwd, w, core, g, (skip_dense, skip_moe), len(full_set))
@@ -295,13 +302,13 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, s: Strategy) -> Estimate:
         n_moe = model.num_moe_layers_in(start, end)
         skip_dense, skip_moe = comp.recompute_skipped
         full = s.recompute == "full"
-        tk = _time_key(s)
+        tk = time_key(s)
         work = P.StageWork(stage=i, layers=end - start, moe_layers=n_moe,
                            forward_s=comp.forward_s, backward_s=comp.backward_s,
                            core_attention_forward_s=comp.core_attention_forward_s,
                            recompute_skipped_layers=skip_dense + skip_moe, microbatches=m,
                            layer_counts=_layer_counts(end - start - n_moe, n_moe, full, skip_dense, skip_moe),
-                           layer_times={moe: _layer_time(model, tk, slow.gpu, moe) for moe in model.layer_kinds})
+                           layer_times={moe: layer_time_of(model, tk, slow.gpu, moe) for moe in model.layer_kinds})
         sp_counts = stage_params(model, s, i)
         per_rank = {g: getattr(sp_counts, g) * placement.model_shard_factor(g) for g in ("dense", "norms", "experts")}
         costs = [P.tp_cost(model, s, groups, cluster, work),

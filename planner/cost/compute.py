@@ -48,6 +48,9 @@ class LayerTime:
     tp_degree: int = 1
     # a MoE layer as the units its schedule places on the GPU's streams (cost/moe_schedule.py)
     moe_nodes: MoENodes | None = None
+    # forward GPU seconds by part (qkv, core_attn, router, permute, experts_fc1, ...): what
+    # --explain shows; they add up to `forward`
+    parts_forward: tuple[tuple[str, float], ...] = ()
 
     @property
     def total(self) -> float:
@@ -401,7 +404,7 @@ def layer_time(model: ModelSpec, s: Strategy, gpu: GPUProfile, moe: bool) -> Lay
                      recompute=recompute, core_attention_forward=core, flops_forward=P.flops,
                      column_parallel_gemm_forward=sum(P.gemm.get(k, 0.0) for k in col_parts),
                      host_forward=host_f, host_backward=host_b, tp_overlap_gemms=overlap,
-                     tp_degree=t, moe_nodes=nodes)
+                     tp_degree=t, moe_nodes=nodes, parts_forward=tuple(P.time.items()))
 
 
 def _moe_nodes(P: "_Parts", core: float, core_bwd: float, grad_quant: float, rec_parts, graphed,

@@ -319,7 +319,7 @@ class StageMemory:
         """The most bytes `total` may take and still fit with margin_bytes to spare: solves
         total + margin_bytes(total) = capacity (margin_bytes is linear in total). The search
         splits layers against it unless TIGHT plans are allowed."""
-        return (self.capacity - MEMORY_UNCERTAINTY_BYTES) / (1.0 + self.uncertainty + self.allocator_spread)
+        return room_with_margin_bytes(self.capacity, self.uncertainty, self.allocator_spread)
 
     @property
     def verdict(self) -> str:
@@ -470,6 +470,24 @@ def allocatable_bytes(model: ModelSpec, s: Strategy, gpu: GPUProfile) -> float:
     overheads, less the caching allocator's fragmentation (reserved beyond allocated, a
     fraction of what is allocated)."""
     return (gpu.memory_bytes - fixed_overhead_bytes(model, s, gpu)) / (1.0 + gpu.fragmentation_fraction)
+
+
+def room_with_margin_bytes(capacity: float, uncertainty: float, allocator_spread: float) -> float:
+    """The most bytes a stage's tensors may take on a device with `capacity` usable bytes and
+    still leave the verdict's margin (StageMemory.margin_bytes, linear in those bytes): solves
+    total x (1 + uncertainty + allocator_spread) + MEMORY_UNCERTAINTY_BYTES = capacity."""
+    return (capacity - MEMORY_UNCERTAINTY_BYTES) / (1.0 + uncertainty + allocator_spread)
+
+
+def usable_bytes(model: ModelSpec, s: Strategy, gpu: GPUProfile, with_margin: bool = False) -> float:
+    """allocatable_bytes, or with `with_margin` the part of it a plan may use and still fit with
+    the memory model's margin (a plan above it is TIGHT): what the search screens against when
+    TIGHT plans are not allowed."""
+    cap = allocatable_bytes(model, s, gpu)
+    if not with_margin:
+        return cap
+    spread = 0.0 if s.expandable_segments else DEFAULT_ALLOCATOR_FRAGMENTATION_SPREAD
+    return room_with_margin_bytes(cap, memory_uncertainty(model), spread)
 
 
 def stage_fixed_state_bytes(model: ModelSpec, s: Strategy, placement: Placement, first: bool, last: bool) -> float:

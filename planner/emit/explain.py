@@ -112,6 +112,8 @@ def render_explain(e: Estimate, console, charge_idle: bool = False) -> None:
         t3.add_row(r["axis"], r["kind"], str(r["group_size"]), f"{r['bytes'] / 2**20:.1f}", f"{r['count']:g}",
                    f"{r['time_s']:.3f}", f"{r['exposed_s']:.3f}", r["link"])
     console.print(t3)
+    from .moe import render_moe_layer
+    render_moe_layer(e, console)
 
 
 def render_difference(a: Estimate, b: Estimate, console, label_a: str = "#1", label_b: str = "#2") -> None:

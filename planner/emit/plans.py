@@ -5,6 +5,7 @@ no plan fits."""
 from __future__ import annotations
 
 from ..search.objective import Figures, figures
+from .explain import differing_terms
 from .report import compress_runs, estimate_to_dict
 
 GIB = 2**30
@@ -76,6 +77,73 @@ def plan_entry(e, fig: Figures, model_file=None) -> dict:
 def plan_figures(res, train_tokens, charge_idle) -> list[Figures]:
     """The figures of each plan, with the token budget the output reports against."""
     return [figures(e, train_tokens, charge_idle) for e in res.plans]
+
+
+def search_info(res, o) -> dict:
+    """The "search" block of `plan --json`: what the search priced, pruned and how it ended,
+    under which options."""
+    return {"candidates": res.candidates, "pruned": res.pruned_memory + res.pruned_bound + res.pruned_dominated,
+            "pruned_memory": res.pruned_memory, "pruned_bound": res.pruned_bound,
+            "pruned_dominated": res.pruned_dominated, "priced": res.priced, "seconds": round(res.seconds, 3),
+            "solver": res.solver, "status": res.status, "optimality_gap": res.optimality_gap,
+            "objective": o.objective, "gpus": o.gpus, "max_gpus": o.max_gpus,
+            "min_gpu_fraction": o.min_gpu_fraction, "charge_idle": o.charge_idle, "all": o.keep_dominated,
+            "allow_tight": o.allow_tight}
+
+
+def plan_document(res, info: dict, o, train_tokens, model_file=None, emitted=(), compared=None) -> dict:
+    """The document `plan --json` prints: the top plans (plan_entry each), the search block
+    `info`, the fastest TIGHT plan left out, the files emitted, and with `compared` (the file
+    and the estimate of --compare-with) that plan beside #1 and the terms that differ."""
+    figs = plan_figures(res, train_tokens, o.charge_idle)
+    doc = {"status": res.status, "gap": res.optimality_gap, "objective": o.objective, "train_tokens": train_tokens,
+           "search": info, "idle_node_groups": res.idle_groups,
+           "plans": [plan_entry(e, f, model_file) for e, f in zip(res.plans, figs)]}
+    if res.fastest_tight is not None:
+        doc["fastest_tight"] = plan_entry(res.fastest_tight, figures(res.fastest_tight, train_tokens, o.charge_idle),
+                                          model_file)
+    if emitted:
+        doc["emitted"] = list(emitted)
+    if compared is not None:
+        file, other = compared
+        doc["compare_with"] = {"file": file, "estimate": estimate_to_dict(other),
+                               "top_plan_speedup": other.step_time_s / res.plans[0].step_time_s,
+                               "differing_terms": [{"term": k, "top_s": a, "compared_s": b}
+                                                   for k, a, b in differing_terms(res.plans[0], other)]}
+    return doc
+
+
+def no_fit_document(res, m, c, info: dict, o) -> dict:
+    """The document `plan --json` prints when no plan fits: the search block, the closest plan
+    and what to try; its "error" is the one line `plan` prints without --json."""
+    from ..search.diagnose import budget_rule, empty_space_reason   # numpy, kept off `planner --help`
+    e = res.closest
+    doc = {"status": "no-plan" if res.status == "optimal" else res.status, "gap": None, "search": info,
+           "plans": [], "error": "no plan fits in memory"}
+    rule = f" ({budget_rule(o, c)})"
+    if res.status == "time-limit":
+        text = ("the search stopped at its time limit before it found a plan that fits (nothing it "
+                "priced fits); raise --time-limit or pin degrees with --fix" + rule)
+    elif e is not None:
+        worst = max(e.memory, key=lambda x: x.total - x.capacity)
+        short = worst.total - worst.capacity
+        s = e.strategy
+        hints = no_fit_hints(e, o, c)
+        doc["closest"] = {"plan": {"tp": s.tp, "pp": s.pp, "dp": s.dp, "cp": s.cp, "ep": s.ep,
+                                   "micro_batch_size": s.micro_batch_size, "recompute": s.recompute,
+                                   "zero_stage": s.zero_stage},
+                          "stage": worst.stage, "short_bytes": short, "needed_bytes": worst.total,
+                          "usable_bytes": worst.capacity, "suggestions": hints}
+        text = (f"no plan fits in memory{rule}. Closest: tp={s.tp} pp={s.pp} dp={s.dp} cp={s.cp} ep={s.ep} "
+                f"mbs={s.micro_batch_size} recompute={s.recompute_label} zero={s.zero_stage}: stage {worst.stage} needs "
+                f"{worst.total / 2**30:.1f} GiB of {worst.capacity / 2**30:.1f} GiB usable "
+                f"({short / 2**30:.1f} GiB short). Try: " + "; ".join(hints))
+    else:
+        text = f"no valid plan: {empty_space_reason(m, c, o)}"
+        if "GPU budget" not in text:
+            text += rule
+    doc["error"] = text
+    return doc
 
 
 def optimality_text(info: dict) -> str:

@@ -28,8 +28,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..cost.memory import (allocatable_bytes, in_flight_microbatches, layer_kept_activation_bytes, layer_state_bytes,
-                           nccl_communicators, stage_fixed_activation_parts, stage_fixed_state_bytes)
+from ..cost.memory import (in_flight_microbatches, layer_kept_activation_bytes, layer_state_bytes, nccl_communicators,
+                           stage_fixed_activation_parts, stage_fixed_state_bytes, usable_bytes)
 from ..placement import placement_of
 from ..specs.cluster import ClusterSpec
 from ..specs.model import ModelSpec
@@ -89,8 +89,10 @@ class FamilyScreen:
     """Families are `add`ed one by one (cheap: table lookups), then `run` screens those added
     since the last run at once."""
 
-    def __init__(self, model: ModelSpec, cluster: ClusterSpec, zeros, uneven: bool):
+    def __init__(self, model: ModelSpec, cluster: ClusterSpec, zeros, uneven: bool, with_margin: bool = False):
         self.model, self.cluster, self.zeros, self.uneven = model, cluster, tuple(zeros), uneven
+        # screen against the room that leaves the memory model's margin (no TIGHT plan wanted)
+        self.with_margin = with_margin
         self.groups = tuple(g.name for g in cluster.node_groups)
         self._degrees, self._state, self._act, self._alloc = _Table(), _Table(), _Table(), _Table()
         self._points, self._flight, self._names = _Table(), _Table(), _Table()
@@ -147,7 +149,7 @@ class FamilyScreen:
 
     def _alloc_row(self, ts: Strategy, pp: int, dp: int) -> tuple:
         s = ts.with_(pp=pp, dp=dp)
-        return ([allocatable_bytes(self.model, s, g.gpu) for g in self.cluster.node_groups],)
+        return ([usable_bytes(self.model, s, g.gpu, self.with_margin) for g in self.cluster.node_groups],)
 
     def _names_row(self, names: tuple) -> tuple:
         return ([g in names for g in self.groups],)
