@@ -294,12 +294,12 @@ def test_large_inputs_stay_bounded():
 
 def test_a_crashing_ilp_solver_falls_back_to_the_dp(monkeypatch):
     """#7: --solver ilp whose solver fails still plans, warns, and says the DP ran."""
-    import planner.search.planner as P
+    import planner.search.split as split_module
 
     def broken(*a, **k):
         raise RuntimeError("solver binary missing")
 
-    monkeypatch.setattr(P, "partition_ilp", broken)
+    monkeypatch.setattr(split_module, "partition_ilp", broken)
     o = replace(OPTIONS, solver="ilp")
     r = search(MODEL, MIXED, o)
     assert r.plans and r.solver == "dp"
@@ -458,7 +458,6 @@ def test_mirror_stage_orders_on_two_identical_sites_are_one_plan(monkeypatch):
     the last byte and second, so the space keeps one of them: the top plans are all distinct,
     none the image of another, and the full set of orders holds each image the kept one
     stands for."""
-    import planner.search.planner as P
 
     r = search(MODEL, TWO_SITE, replace(OPTIONS, top=4, keep_dominated=True))
     assert len(r.plans) == 4
@@ -476,7 +475,8 @@ def test_mirror_stage_orders_on_two_identical_sites_are_one_plan(monkeypatch):
     assert len(keys) == 4   # no plan is the mirror image of another
     # the space without the symmetry holds both images; with it, one
     full = {}
-    monkeypatch.setattr(P, "distinct_orders", lambda cluster, layouts: layouts)
+    import planner.search.space as space_module
+    monkeypatch.setattr(space_module, "distinct_orders", lambda cluster, layouts: layouts)
     full = stage_layouts(TWO_SITE, 4, 2)
     monkeypatch.undo()
     kept = stage_layouts(TWO_SITE, 4, 2)

@@ -220,7 +220,7 @@ class FamilyScreen:
             n_moe = self.model.num_moe_layers
             moe_room = np.maximum(np.floor((free / per_kind[:, :, :, _MOE]).max(axis=(1, 2))), 0)
             fit &= (mult * np.minimum(moe_room + sl, n_moe)).sum(axis=1) >= n_moe
-        # peak: planner.peak_bytes_lower_bound with each point's least per-layer bytes over the
+        # peak: screen.peak_bytes_lower_bound with each point's least per-layer bytes over the
         # family's groups (at least one layer a rank), the least over the ZeRO stages
         peak = np.full(len(fit), np.nan)
         w = slice(None) if every_peak else fit

@@ -1,0 +1,580 @@
+"""The best-first search of `planner plan` (search): families of candidates (degrees x
+micro-batch x recompute) screened by memory all at once and bounded over all their stage
+placements, then expanded best first, family -> cell -> candidate -> priced plan, until the
+K-th best plan found is better than every bound left.
+
+The queue holds (bound, tie, kind, payload) entries: the bound and a unique tie order them,
+the kind says what the payload is (a family, a cell, a candidate, a candidate queued again
+with a higher bound, a block-recompute candidate, or entries set aside as out of reach)."""
+
+from __future__ import annotations
+
+import gc
+import heapq
+import itertools
+import time
+from dataclasses import dataclass, replace
+from typing import NamedTuple
+
+import numpy as np
+
+from ..errors import InvalidStrategy, PlannerError
+from ..estimate import Estimate, estimate, time_key
+from ..specs.cluster import ClusterSpec
+from ..specs.model import ModelSpec
+from ..strategy import Strategy
+from .bounds import _Bounds
+from .family_screen import FamilyScreen
+from .objective import check_objective, figures, usd_per_hour, usd_per_million_tokens
+from .pricing import _ilp_cross_check, _price
+from .results import _Plans
+from .screen import _fits_exactly, _least_block_recompute, _memory_screen, _stage_memories
+from .space import (PROGRESS_INTERVAL_S, SearchOptions, SearchProgress, SearchResult, _family_specs, _warn,
+                    _zero_options, stage_layouts)
+from .split import _initial_split, with_split
+
+# heap entry kinds
+_FAMILY, _CELL, _CAND, _REQUEUED, _BLOCK, _DEFERRED = 0, 1, 2, 3, 4, 5
+
+# A screened candidate goes back in the queue only when its bound rose by more than rounding.
+_REQUEUE_SLACK = 1e-9
+
+# Families ruled out by memory whose smallest candidate is tried for the closest-plan report.
+_CLOSEST_FAMILIES = 32
+
+
+@dataclass
+class _Family:
+    """Degrees x micro-batch x recompute: every stage placement, vpp, ZeRO stage and order."""
+    base: Strategy                 # vpp 1, no placement; recompute 'none' for a block family
+    tk: Strategy
+    block: bool
+    vpps: tuple[int, ...]
+    layouts: dict                  # stage counts per group -> stage orders
+    count: int                     # candidates it stands for
+    peak_lb: float = 0.0           # peak bytes per GPU no candidate of it goes below
+    names: tuple | None = None     # the groups its layouts use, sorted (None: read from layouts)
+
+
+@dataclass
+class _Cell:
+    family: _Family
+    orders: tuple
+    count: int
+    step_lb: float                 # seconds no candidate of the cell beats
+    usd_hour: float | None         # USD an hour of the GPUs its candidates are charged for
+
+
+class _TimeClass(NamedTuple):
+    """What families of one time class share: their strategy (no pp, dp or placement yet) and
+    its time key."""
+    base: Strategy
+    tk: Strategy
+
+
+class _Layouts(NamedTuple):
+    """The stage layouts of one pipeline shape (GPUs per stage, pp) under the GPU budget."""
+    layouts: dict                  # stage counts per group -> stage orders (stage_layouts)
+    n_orders: int                  # stage orders in all
+    caps: dict                     # most stages any layout puts on each group
+    usd: dict                      # stage counts -> USD an hour of the GPUs charged (None: unpriced)
+    usd_min: float | None          # the least of those, when every layout is priced
+    names: tuple                   # the groups with caps > 0, sorted
+
+
+class _FamilySpec(NamedTuple):
+    """A family as the space enumerates it (its _Family is built only when it is reached)."""
+    cls: _TimeClass
+    pp: int
+    dp: int
+    block: bool
+    vpps: tuple[int, ...]
+    lkey: tuple                    # (GPUs per stage, pp): the key of its _Layouts
+    candidates: int
+    m: int                         # micro-batches
+
+
+class _QueuedFamily(NamedTuple):
+    """A _FAMILY entry's payload."""
+    spec: _FamilySpec
+    step_lb: float                 # seconds no candidate of the family beats
+    peak_lb: float                 # peak bytes per GPU no candidate of it goes below
+
+
+class _Child(NamedTuple):
+    """A _CAND or _BLOCK entry's payload: one candidate of a cell, built when it is reached."""
+    family: _Family
+    vpp: int
+    zero: int
+    groups: tuple
+    step_lb: float
+    usd_hour: float | None
+
+
+class _Requeued(NamedTuple):
+    """A _REQUEUED entry's payload: a built candidate queued again under a higher bound."""
+    strategy: Strategy
+    step_lb: float
+    usd_hour: float | None
+    peak_lb: float                 # peak bytes per GPU it does not go below
+
+
+class _Pending(NamedTuple):
+    """An entry to queue, or to set aside in a _DEFERRED entry's payload (a list of them)."""
+    bound: float                   # objective bound
+    kind: int
+    payload: object
+    candidates: int
+
+
+def _entry_count(kind: int, payload) -> int:
+    """Candidates a queued entry stands for."""
+    if kind == _FAMILY:
+        return payload.spec.candidates
+    if kind == _CELL:
+        return payload.count
+    if kind == _DEFERRED:
+        return sum(it.candidates for it in payload)
+    return 1
+
+
+def _family_of(spec: _FamilySpec, lay: _Layouts, peak_lb: float = 0.0) -> _Family:
+    """The _Family of one of the search's family specs."""
+    ts, tk = spec.cls
+    # a group has stages in some layout exactly when its cap is > 0
+    return _Family(ts.with_(pp=spec.pp, dp=spec.dp), tk, spec.block, spec.vpps, lay.layouts, spec.candidates,
+                   peak_lb, names=lay.names)
+
+
+def _child(fam: _Family, vpp: int, z: int, groups: tuple,
+           cluster: ClusterSpec) -> tuple[Strategy, tuple[str, ...]]:
+    """The Strategy of a queued candidate (built only when it is reached)."""
+    c = fam.base.with_(vpp=vpp, schedule="interleaved" if vpp > 1 else "1f1b", zero_stage=z,
+                       overlap_param_gather=z >= 1, stage_node_groups=groups if cluster.is_heterogeneous else None)
+    return c, groups
+
+
+def _closest_of(model, cluster, families: list, zeros) -> tuple | None:
+    """(bytes short, strategy) of the family candidate closest to fitting: each family's first
+    placement at vpp 1 under each ZeRO stage, on its starting split."""
+    best = None
+    for fam in families:
+        orders = next(iter(fam.layouts.values()))
+        for z in zeros:
+            c, groups = _child(fam, 1, z, orders[0], cluster)
+            if fam.block:
+                c = replace(c, recompute="full")
+            valid, split = _initial_split(model, cluster, c, groups, uneven=False)
+            if not valid:
+                continue
+            c = with_split(c, split)
+            short = max(m.total - m.capacity for m in _stage_memories(model, cluster, c))
+            if best is None or short < best[0]:
+                best = (short, c)
+    return best
+
+
+def search(model: ModelSpec, cluster: ClusterSpec, o: SearchOptions, progress=None) -> SearchResult:
+    """The top o.top plans of the space under the cost model, best first by o.objective: with
+    o.keep_dominated the best distinct plans, else the best of those no plan of the space
+    dominates. `progress`, if given, is called with a SearchProgress every
+    PROGRESS_INTERVAL_S seconds."""
+    # The search keeps 10^5-10^6 small tuples alive (families, queue entries, cache keys), and
+    # every cyclic garbage collection walks them all: 30% of DeepSeek-V3's search on mixed-512
+    # (14.5 s -> 10.3 s without it, measured side by side). It makes no reference cycles that
+    # must be freed while it runs, so collection waits until it returns.
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        res = _BestFirst(model, cluster, o, progress).run()
+        return res if o.allow_tight else _with_tight_plans(model, cluster, o, res)
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def _with_tight_plans(model: ModelSpec, cluster: ClusterSpec, o: SearchOptions, res: SearchResult) -> SearchResult:
+    """Safe by default, the search above screened against the room that leaves the memory
+    model's margin, so TIGHT candidates were not priced. A second search, TIGHT plans allowed,
+    finds the TIGHT plans that beat its #1 (the bound of #1's objective stops it early) or,
+    when fewer than K plans fit with margin, the best TIGHT plans to close the list. Its counts
+    stay out of `res`: they describe the space searched for plans that fit with margin."""
+    n_safe = len(res.plans) - res.tight_listed
+    safe, safe_figs = res.plans[:n_safe], res.plan_figures[:n_safe]
+    need = o.top - n_safe
+    cutoff = safe_figs[0].objective(o.objective) if safe and need <= 0 else float("inf")
+    left = o.time_limit_s - res.seconds
+    if left <= 0:
+        return res
+    t0 = time.perf_counter()
+    probe = _BestFirst(model, cluster, replace(o, allow_tight=True, top=max(need, 1), time_limit_s=left), None,
+                       cutoff=cutoff).run()
+    tight = {e.strategy: (f.objective(o.objective), e, f)
+             for e, f in zip(res.plans[n_safe:] + probe.plans, res.plan_figures[n_safe:] + probe.plan_figures)
+             if e.memory_verdict == "tight"}
+    if res.fastest_tight is not None:
+        f = figures(res.fastest_tight, charge_idle=o.charge_idle)
+        tight.setdefault(res.fastest_tight.strategy, (f.objective(o.objective), res.fastest_tight, f))
+    ranked = sorted(tight.values(), key=lambda x: x[0])
+    res.fastest_tight = ranked[0][1] if ranked and (not safe or ranked[0][0] < safe_figs[0].objective(o.objective)) \
+        else None
+    fill = ranked[:max(need, 0)]
+    res.plans, res.plan_figures = safe + [x[1] for x in fill], safe_figs + [x[2] for x in fill]
+    res.tight_listed = len(fill)
+    if fill:
+        res.closest = None
+    if probe.status == "time-limit":
+        _warn(res.warnings, "the search for TIGHT plans beside them stopped at the time limit")
+    res.seconds += time.perf_counter() - t0
+    return res
+
+
+class _BestFirst:
+    """One search: the queue, the plans found, the caches its steps share and the result it
+    fills in. run() queues the families, takes entries best first, and finishes the result."""
+
+    def __init__(self, model: ModelSpec, cluster: ClusterSpec, o: SearchOptions, progress,
+                 cutoff: float = float("inf")):
+        self.t0 = time.perf_counter()
+        # plans worse than this objective are not wanted (_with_tight_plans' second search)
+        self.cutoff = cutoff
+        # safe by default: memory screens leave the memory model's margin
+        self.with_margin = not o.allow_tight
+        if model.position_embedding_type == "learned_absolute" and o.seq_length > model.max_position_embeddings:
+            raise PlannerError(f"--seq-length {o.seq_length} exceeds the learned position table of {model.name} "
+                               f"(max_position_embeddings {model.max_position_embeddings}); no plan can run it")
+        check_objective(cluster, o.objective, o.charge_idle)
+        self.model, self.cluster, self.o, self.progress = model, cluster, o, progress
+        self.res = SearchResult(plans=[], solver=o.solver, objective=o.objective)
+        if o.seq_length > model.max_position_embeddings:
+            # rotary models run any length, but past the one they were built for they need their
+            # positions rescaled or long-context training: say so rather than emit it silently
+            _warn(self.res.warnings, f"--seq-length {o.seq_length} exceeds {model.name}'s max_position_embeddings "
+                                     f"({model.max_position_embeddings}); launches set --max-position-embeddings "
+                                     f"{o.seq_length}. Past its trained length a RoPE model needs rope scaling "
+                                     "(--use-rope-scaling --rope-scaling-factor) or a long-context stage")
+        self.bounds = _Bounds(model, cluster)
+        self.zero_opts = _zero_options(o)
+        self.heap: list = []   # (objective bound, tie, kind, payload)
+        self.tie = itertools.count()
+        self.layouts_cache: dict = {}   # (GPUs per stage, pp) -> _Layouts
+        self.plans = _Plans(o)
+        self.tokens_per_step = o.global_batch_size * o.seq_length
+        self.priced_cluster = cluster.is_priced
+        # the families (_queue_families): the screen, every spec, and those memory ruled out
+        self.screen: FamilyScreen | None = None
+        self.specs: list = []
+        self.unfit = np.zeros(0, dtype=np.int64)
+        # what the entries taken best first share
+        self.seen: set = set()
+        self.rank_fits: dict = {}    # _fits_exactly's verdicts per rank, shared by block candidates
+        self.screen_terms: dict = {}  # _memory_screen's terms per family and ZeRO stage
+        self.screened_out: list = []  # candidates the memory screen ruled out before any plan was found
+        self.closest = None
+        self.done = 0
+        self.last_report = self.t0
+
+    def run(self) -> SearchResult:
+        self._queue_families()
+        self._take_best_first()
+        return self._finish()
+
+    # ---- objective bounds and the queue --------------------------------------------------------
+
+    def _kth(self) -> float:
+        """No entry whose bound is above this can enter the result: the K-th best plan found, or
+        the cutoff when lower."""
+        return min(self.plans.kth(), self.cutoff)
+
+    def _usd_hour(self, counts: tuple, per: int) -> float | None:
+        used = {g.name: c * per for g, c in zip(self.cluster.node_groups, counts)}
+        return usd_per_hour(self.cluster, used, self.o.charge_idle)
+
+    def _objective_lb(self, step_lb: float, usd_h) -> float:
+        """A bound on the objective from a bound on step time and the GPUs charged: the cost
+        per token is the charged USD per hour times the step time over the tokens per step."""
+        if self.o.objective == "cost":
+            return usd_per_million_tokens(usd_h, step_lb, self.tokens_per_step)
+        return step_lb
+
+    def _usd_step(self, step_lb: float, usd_h) -> float:
+        return usd_h * step_lb if self.priced_cluster and usd_h is not None else 0.0
+
+    def _dominated(self, step_lb: float, gpus: int, usd_h, peak_lb) -> bool:
+        """Whether a plan found dominates every plan of an entry (_Plans.dominate)."""
+        return self.plans.dominate(step_lb, gpus, self._usd_step(step_lb, usd_h), peak_lb)
+
+    def _queue(self, items: list) -> None:
+        """Queue each _Pending item that can still enter the top K; keep the others as one
+        deferred entry (the K-th best can rise, see _Plans)."""
+        kth = self._kth()
+        deferred: list = []
+        for it in items:
+            if it.bound <= kth:
+                heapq.heappush(self.heap, (it.bound, next(self.tie), it.kind, it.payload))
+            else:
+                deferred.append(it)
+        if deferred:
+            heapq.heappush(self.heap, (min(it.bound for it in deferred), next(self.tie), _DEFERRED, deferred))
+
+    # ---- 1. families -----------------------------------------------------------------------------
+
+    def _layouts_of(self, per: int, pp: int) -> int:
+        lkey = (per, pp)
+        if lkey not in self.layouts_cache:
+            lay = stage_layouts(self.cluster, per, pp, self.o.budget)
+            usd = {counts: self._usd_hour(counts, per) for counts in lay}
+            known = [u for u in usd.values() if u is not None]
+            caps = self.bounds.stage_caps(per, pp, lay)
+            self.layouts_cache[lkey] = _Layouts(lay, sum(len(v) for v in lay.values()), caps,
+                                                usd, min(known) if known and len(known) == len(usd) else None,
+                                                tuple(sorted(g for g, c in caps.items() if c > 0)))
+        return self.layouts_cache[lkey].n_orders
+
+    def _queue_families(self) -> None:
+        """Families: degrees x micro-batch x recompute, screened by memory all at once
+        (family_screen.py), and those that may fit bounded over all their stage placements.
+        A family is a tuple until it is reached; its Strategy is built from its time class's."""
+        model, o, res = self.model, self.o, self.res
+        classes: dict = {}
+        screen = self.screen = FamilyScreen(model, self.cluster, self.zero_opts, o.uneven_chunks, self.with_margin)
+        specs = self.specs
+        for tp, cp, pp, dp, ep, etp, mbs, m, rec, block, vh, count in _family_specs(model, self.cluster, o,
+                                                                                   self._layouts_of):
+            lkey = (tp * cp * dp, pp)
+            ckey = (tp, cp, ep, etp, mbs, "none" if block else rec)
+            cls = classes.get(ckey)
+            if cls is None:
+                ts = Strategy(tp=tp, cp=cp, ep=ep, etp=etp, micro_batch_size=mbs,
+                              global_batch_size=o.global_batch_size, seq_length=o.seq_length,
+                              recompute=ckey[5], sequence_parallel=tp > 1, precision=o.precision,
+                              overlap_grad_reduce=True)
+                cls = classes[ckey] = _TimeClass(ts, time_key(ts))
+            res.candidates += count
+            screen.add(cls.base, ckey, pp, dp, m, block, max(vh), self.layouts_cache[lkey].names)
+            specs.append(_FamilySpec(cls, pp, dp, block, vh, lkey, count, m))
+        may_fit, peak_lbs = screen.run()
+        for i in np.flatnonzero(may_fit):
+            spec = specs[i]
+            lay = self.layouts_cache[spec.lkey]
+            lb = self.bounds.family(spec.cls.base, spec.cls.tk, spec.pp, spec.m, spec.lkey[0], lay.caps,
+                                    max(spec.vpps), lay.names)
+            heapq.heappush(self.heap, (self._objective_lb(lb, lay.usd_min), next(self.tie), _FAMILY,
+                                       _QueuedFamily(spec, lb, float(peak_lbs[i]))))
+        self.unfit = np.flatnonzero(~may_fit)
+        res.pruned_memory += sum(specs[i].candidates for i in self.unfit)
+
+    # ---- 2. best first ---------------------------------------------------------------------------
+
+    def _take_best_first(self) -> None:
+        """Families -> cells -> candidates -> priced plans, until the K-th best plan is better
+        than every bound left (or the time limit)."""
+        heap = self.heap
+        while heap:
+            lb, _, kind, payload = heap[0]
+            if lb > self._kth():
+                break
+            now = time.perf_counter()
+            if now - self.t0 > self.o.time_limit_s:
+                self._stop_at_time_limit(lb)
+                break
+            if self.progress is not None and now - self.last_report >= PROGRESS_INTERVAL_S:
+                self._report(now, lb)
+            heapq.heappop(heap)
+            c = self._reach(lb, kind, payload)
+            if c is not None:
+                self._price_and_offer(c)
+
+    def _stop_at_time_limit(self, lb: float) -> None:
+        res = self.res
+        res.status = "time-limit"
+        # nothing left in the queue can beat its lowest bound: the optimum is >= min(top, lb)
+        best = self.plans.best()
+        res.optimality_gap = (max(res.optimality_gap, (best[0] - lb) / best[0] if best[0] > 0 else 0.0, 0.0)
+                              if best else 1.0)
+        _warn(res.warnings, f"search stopped at its {self.o.time_limit_s:g} s time limit; "
+                            f"the plans are the best of those priced")
+
+    def _report(self, now: float, lb: float) -> None:
+        self.last_report = now
+        best = self.plans.best()
+        res = self.res
+        self.progress(SearchProgress(candidates=res.candidates, reached=self.done, priced=res.priced,
+                                     best=best[0] if best else None,
+                                     best_step_s=best[3].step_time_s if best else None,
+                                     bound=lb, seconds=now - self.t0))
+
+    def _reach(self, lb: float, kind: int, payload) -> Strategy | None:
+        """Take one entry off the queue: expand it into entries, or screen it; the candidate
+        to price, if it is one that may still enter the top K."""
+        if kind == _DEFERRED:
+            # the K-th best rose since these were set aside: queue those that can now enter
+            self._queue(payload)
+            return None
+        if kind == _FAMILY:
+            self._expand_family(payload)
+            return None
+        if kind == _CELL:
+            self._expand_cell(payload)
+            return None
+        if kind == _REQUEUED:
+            return self._reach_requeued(payload)
+        fam = payload.family
+        if self._dominated(payload.step_lb, fam.base.world_size, payload.usd_hour, fam.peak_lb):
+            self.res.pruned_dominated += 1
+            return None
+        if kind == _BLOCK:
+            self._reach_block(payload)
+            return None
+        return self._reach_candidate(lb, payload)
+
+    def _expand_family(self, entry: _QueuedFamily) -> None:
+        lay = self.layouts_cache[entry.spec.lkey]
+        fam = _family_of(entry.spec, lay, entry.peak_lb)
+        if self._dominated(entry.step_lb, fam.base.world_size, lay.usd_min, fam.peak_lb):
+            self.res.pruned_dominated += fam.count
+            return
+        items = []
+        for counts, orders in fam.layouts.items():
+            n = len(orders) * len(fam.vpps) * len(self.zero_opts)
+            cb = self.bounds.cell(fam.base, fam.tk, orders[0], fam.vpps, self.zero_opts)
+            cell = _Cell(fam, tuple(orders), n, cb, lay.usd[counts])
+            items.append(_Pending(self._objective_lb(cb, lay.usd[counts]), _CELL, cell, n))
+        self._queue(items)
+
+    def _expand_cell(self, cell: _Cell) -> None:
+        fam = cell.family
+        if self._dominated(cell.step_lb, fam.base.world_size, cell.usd_hour, fam.peak_lb):
+            self.res.pruned_dominated += cell.count
+            return
+        kind = _BLOCK if fam.block else _CAND
+        self._queue([_Pending(self._objective_lb(b, cell.usd_hour), kind,
+                              _Child(fam, vpp, z, groups, b, cell.usd_hour), 1)
+                     for b, vpp, z, groups in self.bounds.children(fam.base, fam.tk, cell.orders, fam.vpps,
+                                                                   self.zero_opts)])
+
+    def _reach_block(self, child: _Child) -> None:
+        """A block-recompute child: on its starting split (the partition assumes every layer
+        recomputed alike, so it is not re-solved), more recomputed layers only cost time and
+        save memory, so the smallest k that fits dominates every larger k."""
+        model, cluster = self.model, self.cluster
+        c, groups = _child(child.family, child.vpp, child.zero, child.groups, cluster)
+        valid, split = _initial_split(model, cluster, c, groups, uneven=False)
+        per_chunk = min(split or c.stage_layers(model)) // c.vpp
+        ck = _least_block_recompute(model, cluster, c.with_(recompute="full", layers_per_stage=split),
+                                    per_chunk - 1, self.rank_fits, safe=self.with_margin)
+        if ck is None:
+            self.res.pruned_memory += 1
+            return
+        b = self.bounds.block_candidate(ck, groups, tk=child.family.tk)
+        heapq.heappush(self.heap, (self._objective_lb(b, child.usd_hour), next(self.tie), _REQUEUED,
+                                   _Requeued(ck, b, child.usd_hour, child.family.peak_lb)))
+
+    def _reach_candidate(self, lb: float, child: _Child) -> Strategy | None:
+        """A candidate on its starting split, screened by memory; with the layers each stage can
+        hold its bound may rise: then it is queued again rather than priced."""
+        model, cluster, o, res = self.model, self.cluster, self.o, self.res
+        fam, usd_h = child.family, child.usd_hour
+        c, groups = _child(fam, child.vpp, child.zero, child.groups, cluster)
+        valid, split = _initial_split(model, cluster, c, groups, o.uneven_chunks)
+        c = with_split(c, split)
+        self.done += 1
+        may_fit, n_max, peak_lb = _memory_screen(model, cluster, c, uneven=o.uneven_chunks,
+                                                 dense_reach=self.bounds.dense_ranks(c.pp, c.vpp),
+                                                 terms=self.screen_terms.setdefault((fam.base, c.zero_stage), {}),
+                                                 with_margin=self.with_margin)
+        if not may_fit:
+            res.pruned_memory += 1
+            if not self.plans.items:
+                self.screened_out.append(c)
+            return None
+        b2 = self.bounds.candidate(c, fam.tk, groups, n_max)
+        if self._dominated(b2, c.world_size, usd_h, peak_lb):
+            res.pruned_dominated += 1
+            return None
+        lb2 = self._objective_lb(b2, usd_h)
+        if lb2 > lb * (1 + _REQUEUE_SLACK):
+            heapq.heappush(self.heap, (lb2, next(self.tie), _REQUEUED, _Requeued(c, b2, usd_h, peak_lb)))
+            return None
+        return c
+
+    def _reach_requeued(self, entry: _Requeued) -> Strategy | None:
+        c = entry.strategy
+        if self._dominated(entry.step_lb, c.world_size, entry.usd_hour, entry.peak_lb):
+            self.res.pruned_dominated += 1
+            return None
+        if c.recompute_num_layers is not None:
+            self.done += 1
+            if not _fits_exactly(self.model, self.cluster, c, self.rank_fits, safe=self.with_margin):
+                self.res.pruned_memory += 1
+                return None
+        return c
+
+    def _price_and_offer(self, c: Strategy) -> None:
+        """Price a candidate (its exact split too) and offer the plans that fit."""
+        o = self.o
+        fitting, short = _price(self.model, self.cluster, c, "dp", self.res, o.uneven_chunks,
+                                safe_split=not o.allow_tight)
+        if not fitting:
+            if short is not None and (self.closest is None or short[0] < self.closest[0]):
+                self.closest = short
+            return
+        self.seen.update(x.strategy for x in self.plans.offer([x for x in fitting if x.strategy not in self.seen]))
+
+    # ---- 3. the result ---------------------------------------------------------------------------
+
+    def _finish(self) -> SearchResult:
+        o, res, plans = self.o, self.res, self.plans
+        res.pruned_bound += sum(_entry_count(k, p) for _, _, k, p in self.heap)
+        if o.solver.startswith("ilp"):
+            found = [x[3] for x in plans.items[:o.top]]
+            found = _ilp_cross_check(self.model, self.cluster, found, o.solver, res, o.uneven_chunks,
+                                     safe=not o.allow_tight)
+            again = _Plans(o, tiered=False)
+            for e in found:
+                again.add(e, figures(e, charge_idle=o.charge_idle))
+            plans.items = again.items
+        res.plans = [x[3] for x in plans.items[:o.top]]
+        res.plan_figures = [x[4] for x in plans.items[:o.top]]
+        if res.plans:
+            last = plans.items[min(o.top, len(plans.items)) - 1][0]
+            res.hidden_dominated = sum(1 for x in plans.dominated_objs if x <= last)
+        if plans.tight is not None and plans.tight.items:
+            tight = plans.tight.items
+            if not plans.items or tight[0][0] < plans.items[0][0]:
+                res.fastest_tight = tight[0][3]
+            # fewer than K plans fit with margin: the best TIGHT ones close the list
+            fill = tight[:max(o.top - len(res.plans), 0)]
+            res.tight_listed = len(fill)
+            res.plans += [x[3] for x in fill]
+            res.plan_figures += [x[4] for x in fill]
+        if not res.plans:
+            self._closest_report()
+        if res.plans and self.cluster.is_heterogeneous:
+            used = set(res.plans[0].stage_groups)
+            res.idle_groups = [g.name for g in self.cluster.node_groups if g.name not in used]
+        res.seconds = time.perf_counter() - self.t0
+        return res
+
+    def _closest_report(self) -> None:
+        """No plan fits: the candidate closest to fitting, as res.closest."""
+        model, cluster, closest = self.model, self.cluster, self.closest
+        # the exact shortfall of each candidate the screen ruled out (computed only now, as most
+        # searches find a plan)
+        for c in self.screened_out:
+            short = max(m.total - m.capacity for m in _stage_memories(model, cluster, c))
+            if closest is None or short < closest[0]:
+                closest = (short, c)
+        if closest is None:
+            # the families memory ruled out with the least peak bytes, their candidates tried
+            near = self.unfit[np.argsort(self.screen.peaks(self.unfit), kind="stable")[:_CLOSEST_FAMILIES]]
+            closest = _closest_of(model, cluster,
+                                  [_family_of(self.specs[i], self.layouts_cache[self.specs[i].lkey]) for i in near],
+                                  self.zero_opts)
+        self.closest = closest
+        if closest is not None:
+            try:
+                self.res.closest = (closest[1] if isinstance(closest[1], Estimate)
+                                    else estimate(model, cluster, closest[1]))
+            except InvalidStrategy:
+                self.res.closest = None   # the nearest miss breaks a structure rule: no plan to show

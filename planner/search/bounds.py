@@ -1,0 +1,563 @@
+"""Lower bounds of the search: seconds that no plan of a family, cell or candidate can beat,
+whatever its layer split (_Bounds, with the min-max solvers it uses: _relaxed_minmax,
+_integer_minmax, _mixed_floor, _mixed_count_minmax). The search prices candidates in
+increasing bound order and stops when the next bound is no better than the K-th best plan
+found, so the top K are exact under the cost model."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+
+from ..cost import compute as C
+from ..cost.comm import collective_time, group_link, p2p_link
+from ..cost.memory import gradient_comm_bytes, layer_range_params, one_layer_params, param_gather_bytes
+from ..cost.moe_schedule import NO_A2A
+from ..cost.parallel import (cp_layer_exposed_s, cp_ring_step, ep_a2a, ep_layer_collectives, moe_layer_floor,
+                             moe_recomputed, pp_gather_s, pp_message_bytes, tp_layer_collectives, tp_layer_exposed_s)
+from ..estimate import layer_time_of, time_key
+from ..placement import data_collectives, placement_of
+from ..specs.cluster import ClusterSpec
+from ..specs.model import ModelSpec
+from ..strategy import Strategy
+
+
+class _Bounds:
+    """Per-layer and per-stage costs shared by many candidates (cached by time key and group)."""
+
+    def __init__(self, model: ModelSpec, cluster: ClusterSpec):
+        self.model, self.cluster = model, cluster
+        self._layer: dict = {}
+        self._extra: dict = {}
+        self._pp: dict = {}
+        self._after: dict = {}
+        self._after_groups: dict = {}
+        self._work: dict = {}
+        self._fam: dict = {}
+        self._hop_min: dict = {}
+        self._dense: dict = {}
+
+    def layer_costs(self, s: Strategy, tk: Strategy, group_name: str) -> tuple[float, float]:
+        """(dense, MoE) seconds per layer and micro-batch on this group: compute + TP (+ EP);
+        exactly what `estimate` charges per layer for these terms, the CP ring's exposure
+        included (it is additive in layers; DP only adds).
+        `tk` is s's time key (`time_key(s)`), passed in because building it is not free."""
+        key = (tk, group_name)
+        v = self._layer.get(key)
+        if v is None:
+            model, g = self.model, self.cluster.group(group_name)
+
+            def tp(lt, moe=False):
+                if s.tp <= 1:
+                    return 0.0
+                phases, _, _ = tp_layer_collectives(model, s, [g], self.cluster, moe)
+                return tp_layer_exposed_s(phases, lt, s.recompute == "full", s.tp_comm_overlap,
+                                          s.async_tensor_model_parallel_allreduce)
+
+            t_cp = cp_ring_step(model, s, [g], self.cluster)[1] if s.cp > 1 else 0.0
+
+            def cp(lt):   # the ring's exposure, as estimate's cp_cost charges it per layer
+                return cp_layer_exposed_s(s, t_cp, lt.core_attention_forward) if s.cp > 1 else 0.0
+
+            lt_d = layer_time_of(model, tk, g.gpu, False)
+            dense = lt_d.total + tp(lt_d) + cp(lt_d)
+            moe = dense
+            if model.is_moe:
+                lt_m = layer_time_of(model, tk, g.gpu, True)
+                a2a = ep_a2a(ep_layer_collectives(model, s, [g], self.cluster)[0]) if s.ep > 1 else NO_A2A
+                # the MoE layer as its schedule places it, all-to-alls included, at the least
+                # warm-up share any stage has
+                moe = moe_layer_floor(lt_m, s, a2a, moe_recomputed(s)) + tp(lt_m, True) + cp(lt_m)
+            v = self._layer[key] = (dense, moe)
+        return v
+
+    def _kinds(self):
+        """Layer kinds present: (index into layer_costs, how many layers)."""
+        return [(int(moe), self.model.num_moe_layers if moe else self.model.num_dense_layers)
+                for moe in self.model.layer_kinds]
+
+    def work(self, s: Strategy, tk: Strategy, names) -> tuple[dict, float]:
+        """Layers in work units (seconds on names[0]'s GPUs, summed over the model's layers),
+        each group's seconds per unit r_g (a layer of kind k costs >= r_g w_k there), and the
+        least sum of all layer times over any placement (each layer on its cheapest group)."""
+        key = (tk, tuple(names))
+        v = self._work.get(key)
+        if v is None:
+            v = self._work[key] = self._compute_work(s, tk, names)
+        return v
+
+    def _compute_work(self, s: Strategy, tk: Strategy, names) -> tuple[dict, float]:
+        kinds = self._kinds()
+        ref = self.layer_costs(s, tk, names[0])
+        units = sum(n * ref[k] for k, n in kinds)
+        costs = {g: self.layer_costs(s, tk, g) for g in names}
+        rate = {g: min(costs[g][k] / ref[k] for k, _ in kinds) for g in names}
+        least = sum(n * min(costs[g][k] for g in names) for k, n in kinds)
+        floor = {g: min(costs[g][k] for k, _ in kinds) for g in names}
+        unit_max = max(ref[k] for k, _ in kinds)   # the most units one layer can carry
+        return {"units": units, "rate": rate, "floor": floor, "unit_max": unit_max,
+                "moe": {g: costs[g][1] for g in names},
+                "dense_saves": {g: max(0.0, costs[g][1] - costs[g][0]) for g in names}}, least
+
+    def ends(self, s: Strategy, tk: Strategy, group_name: str) -> tuple[float, float]:
+        """(embedding, output layer) forward + backward seconds per micro-batch on this group."""
+        key = (tk, group_name)
+        v = self._extra.get(key)
+        if v is None:
+            gpu = self.cluster.group(group_name).gpu
+            v = self._extra[key] = (sum(C.embedding_time(self.model, s, gpu)),
+                                    sum(C.output_layer_time(self.model, s, gpu)))
+        return v
+
+    def pp_hop(self, s: Strategy, a: str, b: str, same_node: bool = False) -> float:
+        """One activation send between stages on groups a and b, as `estimate` prices it."""
+        key = (s.seq_length, s.cp, s.micro_batch_size, s.tp, s.sp, a, b, same_node)
+        v = self._pp.get(key)
+        if v is None:
+            link = p2p_link(self.cluster.group(a), self.cluster.group(b), same_node, self.cluster)
+            v = self._pp[key] = (collective_time("send-recv", pp_message_bytes(self.model, s), 2, link)
+                                 + min(pp_gather_s(self.model, s, [self.cluster.group(x)], self.cluster)
+                                       for x in (a, b)))
+        return v
+
+    def least_hop(self, s: Strategy, a: str, b: str, per: int | None = None) -> float:
+        """The cheaper of the two ways two stages (of `per` GPUs, default s's) on groups a and b
+        can talk (on one node only when a stage is smaller than a node of one group)."""
+        hop = self.pp_hop(s, a, b)
+        per = s.gpus_per_stage if per is None else per
+        if a == b and per < self.cluster.group(a).gpus_per_node:
+            hop = min(hop, self.pp_hop(s, a, b, True))
+        return hop
+
+    def stage_caps(self, per: int, pp: int, layouts: dict) -> dict:
+        """Most stages any placement puts on each node group (from stage_layouts' counts)."""
+        names = [g.name for g in self.cluster.node_groups]
+        return {g: max(c[i] for c in layouts) for i, g in enumerate(names)} if layouts else {}
+
+    def family(self, s: Strategy, tk: Strategy, p: int, m: int, per: int, caps: dict, vmax: int,
+               names: tuple | None = None) -> float:
+        """Bound for every stage placement, vpp and ZeRO stage of p stages of `per` GPUs and m
+        micro-batches with s's time class (TP, CP, EP, expert-TP, micro-batch, recompute): the
+        cell bound (below) relaxed to the fastest GPUs the pipeline can use (speeds summed over
+        its p fastest stage slots), the cheapest end stages and hop, and the bubble at the most
+        virtual stages. `caps`: most stages per group; `names`: the groups with caps > 0, sorted
+        (computed here when not given; the search passes them, it bounds 10^5 families)."""
+        if names is None:
+            names = tuple(sorted(g for g, c in caps.items() if c > 0))
+        st = self._family_static(s, tk, names)
+        units, speeds, f_min, emb, out, e_single, least = st
+        S, left = 0.0, p
+        for speed, g in speeds:
+            take = min(caps[g], left)
+            S += take * speed
+            left -= take
+            if left == 0:
+                break
+        if left > 0:
+            return float("inf")
+        if p == 1:
+            return m * max(f_min + e_single, units / S + e_single)
+        hk = (tk, per, names)
+        hop = self._hop_min.get(hk)
+        if hop is None:
+            hop = self._hop_min[hk] = 2 * min(self.least_hop(s, x, y, per) for x in names for y in names)
+        T = max(f_min + hop, units / S + hop)
+        W = least + emb + out + p * hop
+        return m * T + min(W - T, (W - T) / vmax)     # the bubble at vpp 1 or at the most virtual stages
+
+    def _family_static(self, s: Strategy, tk: Strategy, names: tuple) -> tuple:
+        """What a family bound needs of its time class on these groups (cached)."""
+        key = (tk, names)
+        v = self._fam.get(key)
+        if v is None:
+            w, least = self.work(s, tk, names)
+            speeds = sorted(((1.0 / w["rate"][g], g) for g in names), reverse=True)
+            ends = [self.ends(s, tk, g) for g in names]
+            v = self._fam[key] = (w["units"] * (1 - _UNITS_TOL), speeds, min(w["floor"][g] for g in names),
+                                  min(e[0] for e in ends), min(e[1] for e in ends), min(a + b for a, b in ends), least)
+        return v
+
+    def cell(self, s: Strategy, tk: Strategy, groups: tuple[str, ...], vpps=(1,), zeros=None) -> float:
+        """Bound for every vpp, ZeRO stage and stage order of a multiset of stage groups:
+        (m - 1/v) T + W / v + the after-step term, minimised over the cell's vpp and ZeRO
+        stages, with T the least slowest-stage time and W the least sum of stage times when
+        every stage pays only the cheapest PP hop and the end stages the cheapest group's
+        embedding / output layer (see `candidate`). zeros None: s's own ZeRO stage."""
+        p, m = s.pp, s.num_microbatches
+        names = tuple(sorted(set(groups)))
+        w, least = self.work(s, tk, names)
+        zeros = (s.zero_stage,) if zeros is None else zeros
+        after = min(self.after_step(s, names, z) for z in zeros)
+        S = sum(1.0 / w["rate"][g] for g in groups)
+        units = w["units"] * (1 - _UNITS_TOL)
+        f_max = max(w["floor"][g] for g in names)
+        ends = [self.ends(s, tk, g) for g in names]
+        if p == 1:
+            e = min(a + b for a, b in ends)
+            return m * max(f_max + e, units / S + e) + after
+        emb, out = min(e[0] for e in ends), min(e[1] for e in ends)
+        hop = 2 * min(self.least_hop(s, x, y) for x in names for y in names)
+        best = float("inf")
+        mixed = self._n_dense_mixed()
+        for v in vpps:
+            e = v * hop
+            T = max(v * f_max + e, units / S + e)
+            if mixed is not None:
+                T = max(T, _mixed_floor([v * w["moe"][g] + e for g in groups],
+                                        [w["dense_saves"][g] for g in groups], mixed, v))
+            best = min(best, (m - 1.0 / v) * T + (least + emb + out + p * e) / v)
+        return best + after
+
+    def _n_dense_mixed(self) -> int | None:
+        """The model's dense layers when it has both kinds (the mixed floor applies), else None."""
+        return self.model.num_dense_layers if len(self.model.layer_kinds) > 1 else None
+
+    def dense_ranks(self, p: int, v: int) -> frozenset | None:
+        """Pipeline ranks that can hold a dense layer of a model with both kinds (None: one
+        kind). Every virtual stage holds >= 1 layer (balanced_chunks), in Megatron's order
+        (virtual stage k p + r is chunk k of rank r), so layer j sits in a virtual stage between
+        j - (L - p v) and j: DeepSeek-V3's three dense layers first can only be on ranks 0-2."""
+        if self._n_dense_mixed() is None:
+            return None
+        key = (p, v)
+        got = self._dense.get(key)
+        if got is None:
+            L, V = self.model.num_layers, p * v
+            ranks = set()
+            for j in range(L):
+                if not self.model.is_moe_layer(j):
+                    ranks.update(vs % p for vs in range(max(0, j - (L - V)), min(j, V - 1) + 1))
+                    if len(ranks) == p:
+                        break
+            got = self._dense[key] = frozenset(ranks)
+        return got
+
+    def children(self, s: Strategy, tk: Strategy, orders, vpps, zeros):
+        """The bounds of every candidate of a cell, (bound, vpp, ZeRO stage, order) each: the
+        closed form of `candidate` (no memory caps) over numpy arrays of the stages, one row
+        per vpp. Stage i pays e_i = its end (embedding / output layer) + 2 v H_i, H_i its
+        slower hop; the relaxed min-max is then T = max(max_i(v f_i + e_i), (U + sum e_i / r_i)
+        / sum 1 / r_i) (every stage below its floor is impossible, above it the layers fill
+        the stages in proportion to speed), W = least + sum e_i."""
+        p, m = s.pp, s.num_microbatches
+        names = tuple(sorted(set(orders[0])))
+        w, least = self.work(s, tk, names)
+        units = w["units"] * (1 - _UNITS_TOL)
+        after = {z: self.after_step(s, names, z) for z in zeros}
+        v = np.array(vpps, dtype=float)[:, None]
+        idx = {g: k for k, g in enumerate(names)}
+        floor = np.array([w["floor"][g] for g in names])
+        rinv = np.array([1.0 / w["rate"][g] for g in names])
+        mixed = self._n_dense_mixed()
+        moe = np.array([w["moe"][g] for g in names])
+        saves = np.array([w["dense_saves"][g] for g in names])
+        if mixed is not None:   # per vpp row, the ranks no dense layer can reach
+            moe_only_mask = np.array([[r not in self.dense_ranks(p, int(x)) for r in range(p)] for x in vpps])
+        ends = np.array([self.ends(s, tk, g) for g in names])
+        per = s.gpus_per_stage
+        # hop[a, b, same node]: one send between stages on groups a and b (on one node only
+        # within a group), and each group's GPUs per node, for _same_node over whole orders
+        hop = np.array([[[self.pp_hop(s, x, y, same and x == y) for same in (False, True)] for y in names]
+                        for x in names])
+        gpn = np.array([self.cluster.group(g).gpus_per_node for g in names])
+        rank = np.arange(p - 1)
+        # every stage order of the cell at once: (orders, stages), then (orders, vpps, stages)
+        gi = np.array([[idx[g] for g in groups] for groups in orders])
+        n_orders, n_v = len(orders), len(vpps)
+        end = np.zeros((n_orders, p))
+        end[:, 0] += ends[gi[:, 0], 0]
+        end[:, -1] += ends[gi[:, -1], 1]
+        H = np.zeros((n_orders, p))
+        if p > 1:
+            a, b = gi[:, :-1], gi[:, 1:]
+            same = (a == b) & ((rank * per) // gpn[a] == ((rank + 2) * per - 1) // gpn[a])
+            h = hop[a, b, same.astype(int)]
+            H[:, :-1] = h
+            H[:, 1:] = np.maximum(H[:, 1:], h)
+        F, R = floor[gi], rinv[gi]
+        S = R.sum(axis=1)
+        e = end[:, None, :] + 2 * v[None] * H[:, None, :]
+        T = np.maximum((v[None] * F[:, None, :] + e).max(axis=2), (units + (e * R[:, None, :]).sum(axis=2)) / S[:, None])
+        if mixed is not None:   # one row per order and vpp
+            rows = (v[None] * moe[gi][:, None, :] + e).reshape(n_orders * n_v, p)
+            T = np.maximum(T, _mixed_floor_rows(rows, np.repeat(saves[gi], n_v, axis=0), mixed,
+                                                np.tile(v, (n_orders, 1)), np.tile(moe_only_mask, (n_orders, 1)))
+                           .reshape(n_orders, n_v))
+        W = least + e.sum(axis=2)
+        vv = v[:, 0]
+        pipe = (m * T if p == 1 else (m - 1.0 / vv) * T + W / vv).tolist()
+        out = []
+        for o, groups in enumerate(orders):
+            for k, vpp in enumerate(vpps):
+                for z in zeros:
+                    out.append((pipe[o][k] + after[z], vpp, z, groups))
+        return out
+
+    def _same_node(self, groups, i: int, per: int) -> bool:
+        """Whether stages i and i + 1 share a node (estimate's stages_share_node)."""
+        a = groups[i]
+        if a != groups[i + 1]:
+            return False
+        gpn = self.cluster.group(a).gpus_per_node
+        return (i * per) // gpn == ((i + 2) * per - 1) // gpn
+
+    def candidate(self, s: Strategy, tk: Strategy, groups: tuple[str, ...], max_layers=None, extra_s=None) -> float:
+        """Bound for one concrete candidate (its vpp, ZeRO stage and stage order):
+        (m - 1/v) T + W / v + the optimizer step, with T the least slowest-stage time and W the
+        least sum of stage times over all layer splits (pipeline.py: T_pipe = (m - 1/v) max t_i
+        + sum t_i / v; after the pipeline every stage runs its optimizer step, and the slowest
+        takes at least the mean shard on the fastest GPU; DP sync only adds).
+        `max_layers`: the most layers each stage can hold in memory, if known; `extra_s`: seconds
+        per micro-batch each stage adds on top of s's layer costs (recompute of k layers)."""
+        p, v, m = s.pp, s.vpp, s.num_microbatches
+        L = self.model.num_layers
+        names = sorted(set(groups))
+        w, least = self.work(s, tk, names)
+        # hop[i]: stage i to stage i + 1, on one node or across (estimate's stages_share_node)
+        per = s.gpus_per_stage
+        seen: dict = {}
+        hop = []
+        for i in range(p - 1):
+            a, b = groups[i], groups[i + 1]
+            key = (a, b, self._same_node(groups, i, per))
+            if key not in seen:
+                seen[key] = 2 * v * self.pp_hop(s, *key)
+            hop.append(seen[key])
+        stages: dict = {}
+        moe_stages: dict = {}   # for the mixed count bound: (an MoE layer's seconds, fixed, most layers)
+        W = least
+        B, saves = [], []     # for the mixed floor: stage cost at v MoE layers, a dense layer's saving
+        for i, g in enumerate(groups):
+            e = 0.0
+            if i == 0:
+                e += self.ends(s, tk, g)[0]
+            if i == p - 1:
+                e += self.ends(s, tk, g)[1]
+            if p > 1:
+                e += max(hop[i - 1] if i > 0 else 0.0, hop[i] if i < p - 1 else 0.0)
+            if extra_s is not None:
+                e += extra_s[i]
+            n_cap = L if max_layers is None else max_layers[i]
+            cap = float("inf") if max_layers is None else n_cap * w["unit_max"]
+            key = (w["rate"][g], w["floor"][g], e, cap, n_cap)
+            stages[key] = stages.get(key, 0) + 1
+            mkey = (w["moe"][g], e, n_cap)
+            moe_stages[mkey] = moe_stages.get(mkey, 0) + 1
+            W += e
+            B.append(v * w["moe"][g] + e)
+            saves.append(w["dense_saves"][g])
+        T = max(_relaxed_minmax(stages, w["units"], v), _integer_minmax(stages, L, v))
+        mixed = self._n_dense_mixed()
+        if mixed is not None:
+            reach = self.dense_ranks(p, v)
+            T = max(T, _mixed_floor(B, saves, mixed, v, [r not in reach for r in range(p)]))
+            if max_layers is not None:
+                T = max(T, _mixed_count_minmax(moe_stages, L, mixed, T))
+        pipe = m * T if p == 1 else (m - 1.0 / v) * T + W / v
+        return pipe + self.after_step(s, names)
+
+    def recompute_extra(self, s: Strategy, groups: tuple[str, ...]) -> list[float]:
+        """Per stage, the least seconds a micro-batch spends re-running the forward of its
+        fully recomputed layers (recompute_num_layers k: k per chunk, on s's own split), the
+        lighter layer kind on the stage's group."""
+        tk = time_key(replace(s, recompute_num_layers=None))
+        per = {g: min(layer_time_of(self.model, tk, self.cluster.group(g).gpu, moe).recompute
+                      for moe in self.model.layer_kinds)
+               for g in set(groups)}
+        return [s.vpp * min(s.recompute_num_layers, (b - a) // s.vpp) * per[groups[i]]
+                for i, (a, b) in enumerate(s.stage_layer_ranges(self.model))]
+
+    def block_candidate(self, s: Strategy, groups: tuple[str, ...], max_layers=None, tk=None) -> float:
+        """Bound of a block-recompute candidate: its costs without recompute plus the re-run
+        forward of its k layers per chunk. `tk`: the plain strategy's time key, if at hand."""
+        plain = replace(s, recompute="none", recompute_num_layers=None)
+        return self.candidate(plain, tk or time_key(plain), groups, max_layers, extra_s=self.recompute_extra(s, groups))
+
+    def after_step(self, s: Strategy, names, zero: int | None = None) -> float:
+        """Least seconds after the pipeline drains (estimate's after-step term, max over
+        stages): the optimizer step of the slowest stage takes at least the mean shard on the
+        fastest GPU (Adam is memory-bound, affine in its bytes), and every stage exposes at
+        least its last layer's per-step DP collectives (estimate: t_dp / n_layers, and t_dp is
+        affine in the bytes, so t_dp / n >= the bandwidth term of one layer's share)."""
+        z = s.zero_stage if zero is None else zero
+        key = (s.tp, s.pp, s.dp, s.cp, s.ep, s.etp, z, s.offload_optimizer, tuple(names))
+        v = self._after.get(key)
+        if v is None:
+            params, step_bytes, dp = self._after_terms(s, z)
+            least_opt = 0.0 if s.offload_optimizer else min(
+                C.optimizer_time(params / s.pp, self.cluster.group(g).gpu, step_bytes) for g in names)
+            # every group hosts a stage; the stage with the largest optimizer shard pays at
+            # least the smallest DP term
+            v = self._after[key] = max(max(dp[g] for g in names), least_opt + min(dp[g] for g in names))
+        return v
+
+    def _after_terms(self, s: Strategy, z: int) -> tuple[float, float, dict]:
+        """after_step's terms under ZeRO stage z: the optimizer-state parameters of the whole
+        model one data-parallel rank holds (a stage holds 1/pp of them at the mean), Adam's
+        bytes per parameter, and per node group one layer's share of the per-step DP
+        collectives. They depend on the pipeline depth only through pp > 1 (the tied output
+        layer's copy; placement's model axes are tp, ep and etp: pp splits by layers), so they
+        are cached across depths and groups."""
+        key = (s.tp, s.dp, s.cp, s.ep, s.etp, z, s.offload_optimizer, s.pp > 1)
+        v = self._after_groups.get(key)
+        if v is not None:
+            return v
+        if z != s.zero_stage:
+            s = replace(s, zero_stage=z, overlap_param_gather=z >= 1)
+        model = self.model
+        placement = placement_of(s)
+        all_stages = layer_range_params(model, s, 0, model.num_layers, True, True)
+        params = placement.state_params("optimizer", all_stages)
+        groups = self.cluster.node_groups
+        # one layer's parameters per rank by group, the lighter layer kind present
+        per_layer = {g: min(getattr(one_layer_params(model, moe), g) for moe in model.layer_kinds)
+                     * placement.model_shard_factor(g) for g in ("dense", "norms", "experts")}
+        dp = {}
+        for g in groups:
+            t = 0.0
+            for dc in data_collectives(placement):
+                if dc.when != "per-step":
+                    continue
+                if dc.group == "experts":
+                    n, stride = s.expert_dp, s.expert_tp * s.ep
+                else:
+                    n, stride = s.dp * s.cp, s.tp
+                msg = per_layer[dc.group] * (gradient_comm_bytes(s) if dc.tensor == "gradients"
+                                             else param_gather_bytes(s))
+                if n <= 1 or msg <= 0:
+                    continue
+                link = group_link([g], n, stride, self.cluster)
+                t += collective_time(dc.kind, 2 * msg, n, link) - collective_time(dc.kind, msg, n, link)
+            dp[g.name] = t
+        v = self._after_groups[key] = (params, C.adam_step_bytes_per_param(s), dp)
+        return v
+
+
+# Relative slack when comparing summed work units (sums of the same floats in another order).
+_UNITS_TOL = 1e-9
+
+
+def _relaxed_minmax(stages: dict[tuple, int], units: float, n_min: int) -> float:
+    """Least T such that the layers fit under it with at least n_min per stage, over real
+    (fractional) layer splits. A stage (r seconds per work unit, f least seconds of one layer,
+    e fixed seconds, cap most units its memory holds) takes >= r u + e for u <= cap work units,
+    and >= n_min f + e as it holds n_min layers; `stages` maps each to how many stages share it.
+    So T >= max(n_min f + e), and sum min(cap, (T - e)/r) >= units, whose left side is
+    increasing and piecewise linear in T: solved exactly piece by piece."""
+    items = [(r, e, cap, k) for (r, _, e, cap, _), k in stages.items()]
+    floor = max(n_min * f + e for (_, f, e, _, _) in stages)
+    need_units = units * (1 - _UNITS_TOL)   # caps that exactly hold the model are enough
+
+    def held(T):
+        return sum(k * min(cap, (T - e) / r) for r, e, cap, k in items)
+
+    if held(floor) >= need_units:
+        return floor
+    T = floor
+    # breakpoints where a stage fills its memory; between them the slope is the sum of 1/r
+    # over the stages still filling
+    for x in sorted(e + r * cap for r, e, cap, _ in items if e + r * cap > floor) + [float("inf")]:
+        slope = sum(k / r for r, e, cap, k in items if e + r * cap > T)
+        if slope <= 0:
+            return T if held(T) >= need_units else float("inf")   # every stage is full
+        need = (need_units - held(T)) / slope
+        if T + need <= x:
+            return T + need
+        T = x
+    return float("inf")
+
+
+# Relative slack on a layer count computed from a time (floors of float quotients).
+_COUNT_TOL = 1e-9
+
+
+def _integer_minmax(stages: dict[tuple, int], n_layers: int, n_min: int) -> float:
+    """Least T such that whole layers fit under it: a stage (f least seconds of one layer, e
+    fixed seconds, at most n_cap layers in memory) holds at most min(n_cap, floor((T - e) / f))
+    layers and at least n_min, and the stages must hold all n_layers. With a few layers per
+    stage this is well above the fractional bound of _relaxed_minmax (61 layers on 24 stages
+    need a stage of 3). The low end of the step is kept, where the layers do not fit, so the
+    value returned never exceeds the true least T."""
+    items = [(f, e, n_cap, k) for (_, f, e, _, n_cap), k in stages.items()]
+
+    def held(T):
+        return sum(k * min(n_cap, int((T - e) / f * (1 + _COUNT_TOL))) for f, e, n_cap, k in items)
+
+    lo = max(n_min * f + e for f, e, _, _ in items)
+    if held(lo) >= n_layers:
+        return lo
+    hi = max(max(n_cap, n_min) * f + e for f, e, n_cap, _ in items)
+    if held(hi) < n_layers:
+        return float("inf")
+    return _step_low(held, n_layers, items, lo)
+
+
+def _step_low(held, n_layers: int, items, lo: float) -> float:
+    """The low end of the least T >= lo with held(T) >= n_layers (held(lo) < n_layers <=
+    held(T) for some T): a T at which the layers still do not fit, the float just below the
+    step where they do. held counts, for each of `items` (f seconds a layer, e fixed seconds,
+    n_cap most layers, k stages alike), the j <= n_cap with e + j f / (1 + _COUNT_TOL) <= T:
+    so that step is where the weighted count of those times above lo reaches what lo lacks.
+    Rounding is settled against held itself, one float at a time."""
+    f, e, cap, k = (np.array(x) for x in zip(*items))
+    cap = cap.astype(np.int64)
+    owner = np.repeat(np.arange(len(cap)), cap)
+    j = np.arange(1, owner.size + 1) - np.repeat(np.cumsum(cap) - cap, cap)
+    times = e[owner] + j * (f[owner] / (1 + _COUNT_TOL))
+    above = times > lo
+    times, weight = times[above], k[owner][above]
+    order = np.argsort(times, kind="stable")
+    reached = held(lo) + np.cumsum(weight[order])
+    T = float(times[order][np.searchsorted(reached, n_layers)])
+    while held(T) < n_layers:
+        T = float(np.nextafter(T, np.inf))
+    while T > lo and held(T) >= n_layers:
+        T = float(np.nextafter(T, -np.inf))
+    return max(T, lo)
+
+
+def _mixed_count_minmax(stages: dict[tuple, int], n_layers: int, n_dense: int, lo: float) -> float:
+    """Least T (>= lo, a T known not to exceed the optimum) at which whole layers of a model with
+    n_dense dense and n_layers - n_dense MoE layers can fit: a stage (a MoE layer costs it a
+    seconds, e fixed seconds, at most n_cap layers in memory) holding k MoE and d dense layers
+    under T has k <= floor((T - e) / a) (dense layers cost >= 0) and k + d <= n_cap, and the
+    d's sum to at most n_dense, so all stages hold at most
+    sum min(n_cap, floor((T - e) / a)) + n_dense layers. Where memory forces many layers onto
+    slow stages this is far above _integer_minmax, which prices every layer as the cheaper kind
+    (DeepSeek-V3: 3 dense layers of 61). The low end is kept, as _integer_minmax does."""
+    items = [(a, e, n_cap, k) for (a, e, n_cap), k in stages.items()]
+
+    def held(T):
+        return n_dense + sum(k * min(n_cap, max(0, int((T - e) / a * (1 + _COUNT_TOL)))) for a, e, n_cap, k in items)
+
+    if held(lo) >= n_layers:
+        return lo
+    hi = max(lo, max(n_cap * a + e for a, e, n_cap, _ in items))   # every stage full
+    if held(hi) < n_layers:
+        return float("inf")
+    return _step_low(held, n_layers, items, lo)
+
+
+def _mixed_floor_rows(B, saves, n_dense: int, v, moe_only=None):
+    """A lower bound on the slowest stage of a model with dense and MoE layers, per row of
+    B (rows x stages; v: each row's vpp, an int or a rows x 1 array): stage i holds at least v
+    layers, costing B[i] (its v MoE layers, ends and hops) if all are MoE, and each dense layer
+    among them saves at most saves[i]. The model has only n_dense dense layers, so at most
+    n_dense stages hold any (some stage outside them keeps its B: the (n_dense + 1)-th largest),
+    and no stage saves on more than min(v, n_dense) layers; `moe_only` (rows x stages): stages no
+    dense layer can reach (_Bounds.dense_ranks), which keep their B. (The floor of every layer at
+    the cheaper kind, all a single-kind bound knows, is B - v saves.)"""
+    B = np.asarray(B, dtype=float)
+    low = (B - np.minimum(v, n_dense) * np.asarray(saves, dtype=float)).max(axis=1)
+    p = B.shape[1]
+    if p > n_dense:
+        low = np.maximum(low, np.sort(B, axis=1)[:, p - 1 - n_dense])
+    if moe_only is not None:
+        low = np.maximum(low, np.where(moe_only, B, -np.inf).max(axis=1))
+    return low
+
+
+def _mixed_floor(B, saves, n_dense: int, v: int, moe_only=None) -> float:
+    """_mixed_floor_rows of one row of stages."""
+    return float(_mixed_floor_rows([B], saves, n_dense, v, None if moe_only is None else [moe_only])[0])

@@ -1,0 +1,158 @@
+"""Memory screens of the search: whether a candidate can fit before it is priced
+(_memory_screen: the most layers each stage can hold, and a lower bound on the peak bytes per
+GPU of any split, peak_bytes_lower_bound), whether it fits exactly, rank by rank
+(_fits_exactly), and the fewest fully recomputed layers per chunk that make a block-recompute
+candidate fit (_least_block_recompute). With `with_margin` / `safe` they screen against the room
+that leaves the memory model's margin (a plan above it is TIGHT)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..cost.memory import (in_flight_microbatches, layer_kept_activation_bytes, layer_state_bytes,
+                           stage_fixed_bytes_parts, stage_memory, usable_bytes)
+from ..errors import InvalidStrategy
+from ..placement import placement_of
+from ..specs.cluster import ClusterSpec
+from ..specs.model import ModelSpec
+from ..strategy import Strategy, check_structure
+
+def peak_bytes_lower_bound(fixed, per, mult, n_layers: int, least: int, slack: int) -> float:
+    """Bytes that some stage of any layer split holds at least. Stage i (`mult[i]` stages alike)
+    holds >= fixed[i] + e per[i] bytes with e = its layers less `slack` (an uneven rank of n
+    layers keeps at least its even v floor(n / v) >= n - (v - 1): slack v - 1), each stage at
+    least `least` layers, all stages n_layers. If every stage held less than T, the effective
+    layers would sum below sum (T - fixed) / per, so max_i >= the T at which that sum is
+    n_layers - (stages x slack); and each stage >= fixed + (least - slack) per."""
+    n_stages = sum(mult)
+    inv = sum(k / q for k, q in zip(mult, per))
+    spread = (n_layers - n_stages * slack + sum(k * f / q for k, f, q in zip(mult, fixed, per))) / inv
+    floor = max(f + max(least - slack, 0) * q for f, q in zip(fixed, per))
+    return max(spread, floor, max(fixed))
+
+
+def _stage_gpu(cluster: ClusterSpec, s: Strategy, i: int):
+    """The GPU of pipeline stage i (search candidates sit on one node group per stage)."""
+    return cluster.group(s.stage_node_groups[i]).gpu if s.stage_node_groups else cluster.node_groups[0].gpu
+
+
+def _stage_memories(model, cluster, s: Strategy) -> list:
+    placement = placement_of(s)
+    return [stage_memory(model, s, placement, i, _stage_gpu(cluster, s, i)) for i in range(s.pp)]
+
+
+def _fits_exactly(model, cluster, s: Strategy, rank_fits: dict | None = None, safe: bool = False) -> bool:
+    """Whether every pipeline rank fits (with `safe`, with the memory model's margin), the first
+    rank first (it keeps the most micro-batches in flight), stopping at a miss. `rank_fits`
+    caches each rank's verdict: a rank's memory is set by the strategy but for the split and
+    placement (kept when the chunks are uneven), its GPU and its own layers, so candidates
+    that differ only in the other ranks share it."""
+    ok = ("fits",) if safe else ("fits", "tight")
+    placement = placement_of(s)
+    ranges = s.stage_layer_ranges(model)
+    base = None
+    for i in range(s.pp):
+        gpu = _stage_gpu(cluster, s, i)
+        if rank_fits is None:
+            verdict = stage_memory(model, s, placement, i, gpu).verdict
+        else:
+            if base is None:
+                base = s.with_(stage_node_groups=None,
+                               layers_per_stage=None if s.chunk_layers is None else s.layers_per_stage)
+            key = (base, i, gpu.name, ranges[i])
+            verdict = rank_fits.get(key)
+            if verdict is None:
+                verdict = rank_fits[key] = stage_memory(model, s, placement, i, gpu).verdict
+        if verdict not in ok:
+            return False
+    return True
+
+
+def _least_block_recompute(model, cluster, s: Strategy, k_max: int, rank_fits: dict | None = None,
+                           safe: bool = False):
+    """The strategy with the fewest fully recomputed layers per chunk (1..k_max) that fits (with
+    `safe`, with the memory model's margin), or None. Memory falls and time rises with k, so
+    this k is the only one worth pricing. `rank_fits`: _fits_exactly's cache."""
+    if k_max < 1:
+        return None
+    c = s.with_(recompute_num_layers=k_max)
+    try:
+        check_structure(c, model)
+    except InvalidStrategy:
+        return None
+    if not _fits_exactly(model, cluster, c, rank_fits, safe):
+        return None
+    lo, hi = 1, k_max
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if _fits_exactly(model, cluster, s.with_(recompute_num_layers=mid), rank_fits, safe):
+            hi = mid
+        else:
+            lo = mid + 1
+    return s.with_(recompute_num_layers=lo)
+
+
+def _memory_screen(model: ModelSpec, cluster: ClusterSpec, s: Strategy, uneven: bool = True,
+                   dense_reach: frozenset | None = None, terms: dict | None = None, with_margin: bool = False):
+    """(may fit, most layers each stage can hold, a lower bound on the peak bytes per GPU of
+    any split). Stage i holds at most n_i = (capacity - fixed) / per-layer layers (a
+    multiple of vpp), with the lower bounds of cost/memory.py, so a split can only fit if every
+    n_i >= vpp and the n_i reach the model's layers. Per-layer bytes are the lighter layer
+    kind's, but on ranks no dense layer can reach (`dense_reach`, _Bounds.dense_ranks: the
+    ranks that can) a MoE layer's. `uneven`: splits whose ranks need not hold a multiple of vpp layers
+    are searched (the peak bound allows for them). `terms`: a cache of the per-GPU and per-end
+    terms, shared by candidates that differ only in vpp, split and stage placement (none of
+    these terms depends on them)."""
+    if s.recompute_num_layers is not None:
+        # block recompute is priced on its own split: its memory is known exactly
+        mems = _stage_memories(model, cluster, s)
+        fits = all((m.verdict == "fits") if with_margin else m.fits for m in mems)
+        return fits, list(s.stage_layers(model)), max(m.total for m in mems)
+    p, v, kinds = s.pp, s.vpp, model.layer_kinds
+    # the terms of layer_memory_bytes, stage_fixed_bytes_parts and usable_bytes that do not
+    # depend on the rank, once per layer kind, end shape and GPU; then every rank at once
+    if s.stage_node_groups:   # each rank's GPU, as _stage_gpu gives it
+        order = list(dict.fromkeys(s.stage_node_groups))
+    else:
+        order = [cluster.node_groups[0].name]
+    gi = np.array([order.index(g) for g in s.stage_node_groups]) if s.stage_node_groups else np.zeros(p, int)
+    terms = {} if terms is None else terms
+    if "parts" not in terms:
+        placement = terms["placement"] = placement_of(s)
+        shapes = [(True, p == 1)] + ([(False, False)] if p > 2 else []) + ([(False, True)] if p > 1 else [])
+        terms["parts"] = np.array([stage_fixed_bytes_parts(model, s, placement, *e) for e in shapes])
+        terms["kept"] = np.array([layer_kept_activation_bytes(model, s, k) for k in kinds])
+    for g in order:
+        if g not in terms:
+            gpu = cluster.group(g).gpu
+            terms[g] = (usable_bytes(model, s, gpu, with_margin),
+                        [layer_state_bytes(model, s, terms["placement"], k, gpu) for k in kinds])
+    alloc = np.array([terms[g][0] for g in order])[gi]
+    states = np.array([terms[g][1] for g in order])[gi]
+    kept, parts = terms["kept"], terms["parts"]
+    shape = np.full(p, len(parts) - 2 if p > 2 else 0)
+    shape[0], shape[-1] = 0, len(parts) - 1
+    flight = np.array([in_flight_microbatches(s, i) for i in range(p)])
+    per_kind = states + kept[None, :] * flight[:, None]                # (ranks, kinds)
+    per = per_kind.min(axis=1)
+    fixed = parts[shape, 0] + parts[shape, 1] * flight
+    free = alloc - fixed
+    room_per = per
+    mixed = len(kinds) > 1
+    if mixed:
+        moe_per = per_kind[:, kinds.index(True)]
+        # MoE layers all ranks together can hold (whatever dense layers they hold)
+        moe_rooms = int(np.maximum(free // moe_per, 0).sum()) + p * (v - 1)
+        if dense_reach is not None:
+            room_per = np.where([i in dense_reach for i in range(p)], per, moe_per)
+    room = np.maximum(free // room_per, 0).astype(np.int64) // v * v
+    # a rank of n layers, n not a multiple of vpp, keeps at least the activations of the even
+    # vpp floor(n / vpp) layers below it (its chunks only grow)
+    room = np.where(room >= v, room + v - 1, room)
+    n_max = room.tolist()
+    may_fit = bool((room >= v).all()) and sum(n_max) >= model.num_layers and \
+        (not mixed or moe_rooms >= model.num_moe_layers)
+    peak = peak_bytes_lower_bound(fixed.tolist(), per.tolist(), [1] * s.pp, model.num_layers, s.vpp,
+                                  s.vpp - 1 if uneven else 0)
+    return may_fit, n_max, peak
+

@@ -1,0 +1,338 @@
+"""The search space of `planner plan`: its options (SearchOptions), what a search returns
+(SearchResult) and reports while it runs (SearchProgress), the constants that bound the space,
+the degrees it enumerates (enumerate_space), the ways to put pipeline stages on node groups
+(stage_layouts, one stage order per symmetry class of the cluster) and the families of
+candidates they make (degrees x micro-batch x recompute)."""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field, replace
+
+from ..estimate import Estimate
+from ..specs.cluster import ClusterSpec
+from ..specs.model import ModelSpec
+from .objective import MIN_GPU_FRACTION, GpuBudget
+
+# The space searched. These bound it; the top plan is the optimum of this space under the cost
+# model, not of every conceivable configuration.
+MAX_PP = 128
+MAX_CP = 32
+# micro-batch sizes: powers of two while they divide the batch a data-parallel rank gets (memory
+# rules the large ones out where activations do not fit)
+MICRO_BATCHES = (1, 2, 4, 8, 16, 32, 64)
+VPP_CHOICES = (1, 2, 3, 4, 5, 6, 8)
+# Context parallelism is only tried at long sequences: below CP_MIN_SEQ_LENGTH tokens no CP; below
+# CP_FULL_RANGE_SEQ_LENGTH at most CP_SHORT_MAX. Under 8k tokens attention is a small share of a
+# layer's FLOPs (s/6h in Narayanan's count) while CP adds a K/V ring exchange per layer.
+CP_MIN_SEQ_LENGTH = 8192
+CP_FULL_RANGE_SEQ_LENGTH = 16384
+CP_SHORT_MAX = 2
+# The GPU budget (objective.GpuBudget, MIN_GPU_FRACTION the default of --min-gpu-fraction):
+# plans use more than a fraction of the GPUs available to them. On a heterogeneous cluster
+# whole node groups may stay idle: a plan on the fast GPUs alone is in the space, so the search
+# says when the slow ones cannot help.
+# Seconds between two calls of the progress callback (the live line on a terminal).
+PROGRESS_INTERVAL_S = 0.1
+
+
+@dataclass(frozen=True)
+class SearchOptions:
+    global_batch_size: int
+    seq_length: int
+    top: int = 3
+    fixed: tuple = ()                 # (("tp", 8), ...)
+    precision: str = "bf16"
+    recompute: tuple[str, ...] = ("none", "selective", "full")
+    zero_stages: tuple[int, ...] = (0, 1)
+    schedules: tuple[str, ...] = ("1f1b", "interleaved")
+    solver: str = "dp"                # dp | ilp | ilp-highs
+    # with "full" in recompute: also full recompute of only the first k layers of each chunk
+    # (Megatron's --recompute-method block --recompute-num-layers k)
+    partial_recompute: bool = True
+    allow_tp_across_nodes: bool = False
+    time_limit_s: float = 60.0
+    # a pipeline rank's layers need not divide by vpp: its virtual chunks differ by one layer
+    # (Megatron's --pipeline-model-parallel-layout, as Llama 3 405B ran 126 layers on PP16 x
+    # VPP2); the first and last stages can then carry fewer layers for the embedding and loss.
+    # The launch emitter, the launch reader and plan JSON carry Strategy.chunk_layers; off by
+    # default while the top K with uneven chunks is not yet exact (tests/test_search.py).
+    uneven_chunks: bool = False
+    # GPU budget: exactly `gpus` of the cluster's GPUs, or at most `max_gpus`; plans use more
+    # than min_gpu_fraction of the GPUs available to them (not applied with `gpus`)
+    gpus: int | None = None
+    max_gpus: int | None = None
+    min_gpu_fraction: float = MIN_GPU_FRACTION
+    # what plans are ranked by (objective.OBJECTIVES); cost charges the GPUs a plan uses, or
+    # every GPU of the cluster with charge_idle
+    objective: str = "throughput"
+    charge_idle: bool = False
+    # keep plans another plan dominates on every reported figure (step time, peak memory per
+    # GPU, GPUs used, and $ when priced); plans equal up to a symmetry of the cluster are one
+    # plan either way
+    keep_dominated: bool = False
+    # rank plans that fit only within the memory model's stated margin (TIGHT) with the others;
+    # by default they come after every plan that fits with margin
+    allow_tight: bool = False
+
+    @property
+    def budget(self) -> "GpuBudget":
+        return GpuBudget(self.gpus, self.max_gpus, self.min_gpu_fraction)
+
+
+@dataclass
+class SearchResult:
+    plans: list
+    candidates: int = 0
+    pruned_memory: int = 0
+    pruned_bound: int = 0
+    priced: int = 0
+    invalid: int = 0              # candidates the structure rules refused (none by construction)
+    seconds: float = 0.0
+    solver: str = "dp"
+    status: str = "optimal"
+    optimality_gap: float = 0.0
+    warnings: list = field(default_factory=list)
+    closest: Estimate | None = None
+    idle_groups: list = field(default_factory=list)
+    priced_estimates: list = field(default_factory=list)   # every estimate made (for the scatter plot)
+    pruned_dominated: int = 0     # candidates whose every plan a found plan dominates
+    hidden_dominated: int = 0     # priced plans within the top K's range that were dominated
+    objective: str = "throughput"
+    plan_figures: list = field(default_factory=list)       # objective.Figures of each plan
+    # safe by default: the best TIGHT plan when it beats #1 on the objective (not in `plans`
+    # unless fewer than K plans fit with margin), and how many TIGHT plans close `plans`
+    fastest_tight: Estimate | None = None
+    tight_listed: int = 0
+
+
+def _warn(warnings: list, msg: str) -> None:
+    """Add msg to a list of warnings (SearchResult.warnings) unless it is there already."""
+    if msg not in warnings:
+        warnings.append(msg)
+
+
+@dataclass(frozen=True)
+class SearchProgress:
+    """What the search has done so far (the progress callback's argument)."""
+    candidates: int              # in the space
+    reached: int                 # candidates built and screened
+    priced: int
+    best: float | None           # objective of the best plan so far (seconds, or $ per M tokens)
+    best_step_s: float | None
+    bound: float | None          # the lowest bound still queued: no unpriced plan is better
+    seconds: float
+
+    @property
+    def gap(self) -> float | None:
+        """How much better than the best so far an unpriced plan could still be (fraction)."""
+        if self.best is None or self.bound is None:
+            return None
+        return max(0.0, (self.best - self.bound) / self.best) if self.best > 0 else 0.0
+
+
+def _divisors(n: int) -> list[int]:
+    small = [d for d in range(1, int(n ** 0.5) + 1) if n % d == 0]
+    return sorted(set(small + [n // d for d in small]))
+
+
+def _pow2_upto(n: int) -> list[int]:
+    out, x = [], 1
+    while x <= n:
+        out.append(x)
+        x *= 2
+    return out
+
+
+def stage_layouts(cluster: ClusterSpec, per_stage: int, pp: int,
+                  budget: GpuBudget = GpuBudget()) -> dict[tuple[int, ...], list[tuple[str, ...]]]:
+    """Ways to put pp stages of `per_stage` GPUs on node groups, keyed by how many stages each
+    group hosts. Stages of one group are contiguous, groups come in every order (the first
+    stages hold the most activations). Each group used hosts as many stages as it can hold,
+    except at most one partly used group (leaving GPUs of two groups idle at once is never
+    needed to use the fast ones fully, and it keeps the space small on many-group clusters),
+    each group's stages fill whole nodes, and the GPU budget allows the stages' GPUs on the
+    used groups. Of orders that a symmetry of the cluster maps onto each other (interchangeable
+    node groups, distinct_orders) only the first is kept: they are one plan."""
+    groups = cluster.node_groups
+    caps = []
+    for g in groups:
+        ok = per_stage % g.gpus_per_node == 0 or g.gpus_per_node % per_stage == 0
+        caps.append(min(g.num_gpus // per_stage, pp) if ok else 0)
+    counts_set = set()
+    n = len(groups)
+    for used in itertools.product((0, 1), repeat=n):
+        idx = [i for i in range(n) if used[i] and caps[i] > 0]
+        if len(idx) != sum(used):
+            continue
+        for partial in idx:
+            counts = [caps[i] if i in idx else 0 for i in range(n)]
+            counts[partial] = pp - sum(caps[i] for i in idx if i != partial)
+            used_gpus = sum(groups[i].num_gpus for i in idx)
+            # each group's stages fill whole nodes (torchrun starts the same number of ranks on
+            # every node; a node cannot host stages of two groups)
+            whole = all(counts[i] * per_stage % groups[i].gpus_per_node == 0 for i in idx)
+            if whole and 1 <= counts[partial] <= caps[partial] and budget.allows(pp * per_stage, used_gpus):
+                counts_set.add(tuple(counts))
+    out = {}
+    for counts in sorted(counts_set):
+        used = [i for i, c in enumerate(counts) if c]
+        seqs = set()
+        for order in itertools.permutations(used):
+            seq = []
+            for i in order:
+                seq += [groups[i].name] * counts[i]
+            seqs.add(tuple(seq))
+        out[counts] = sorted(seqs)
+    return distinct_orders(cluster, out)
+
+
+def _group_signature(g) -> object:
+    """A node group without its name (and its profile without name and provenance): groups
+    with equal signatures price every stage alike."""
+    return replace(g, name="", gpu=replace(g.gpu, name="", source="", uncertain=()))
+
+
+def order_key(cluster: ClusterSpec, seq: tuple[str, ...]) -> tuple:
+    """The stage order up to a renaming of node groups: groups labelled by first appearance,
+    with each label's group signature and the interconnect between every two labels. Orders
+    with equal keys are priced alike by the cost model, which sees a group only through its
+    fields and the links between the groups a plan uses (cost/comm.py), and so are one plan:
+    on two identical sites, sites a then b is b then a."""
+    label: dict = {}
+    for name in seq:
+        label.setdefault(name, len(label))
+    names = list(label)
+    links = []
+    for i in range(len(names)):
+        for j in range(i + 1, len(names)):
+            ic = cluster.interconnect(names[i], names[j])
+            links.append(None if ic is None else (ic.bandwidth_bytes_per_s, ic.latency_s))
+    return (tuple(label[n] for n in seq), tuple(_group_signature(cluster.group(n)) for n in names), tuple(links))
+
+
+def distinct_orders(cluster: ClusterSpec, layouts: dict) -> dict:
+    """layouts with one stage order of each symmetry class (order_key), the first in the order
+    of the node groups as listed (most stages on the first group)."""
+    sigs = [_group_signature(g) for g in cluster.node_groups]
+    if len(set(sigs)) == len(sigs):
+        return layouts   # no two groups are interchangeable
+    seen: set = set()
+    keep: dict = {}
+    for counts in sorted(layouts, reverse=True):
+        kept = []
+        for seq in layouts[counts]:
+            key = order_key(cluster, seq)
+            if key not in seen:
+                seen.add(key)
+                kept.append(seq)
+        if kept:
+            keep[counts] = kept
+    return {c: keep[c] for c in layouts if c in keep}
+
+
+def enumerate_space(model: ModelSpec, cluster: ClusterSpec, o: SearchOptions):
+    fixed = dict(o.fixed)
+    max_gpn = max(g.gpus_per_node for g in cluster.node_groups)
+    N = cluster.num_gpus
+    n_min = min(g.num_gpus for g in cluster.node_groups)   # a plan may run on one node group
+    a, g = model.num_attention_heads, model.num_query_groups
+    tps = [t for t in _pow2_upto(max_gpn if not o.allow_tp_across_nodes else 64)
+           if a % t == 0 and (g % t == 0 or t % g == 0)]
+    cps = [c for c in _pow2_upto(MAX_CP) if o.seq_length % (2 * c) == 0 or c == 1]
+    if o.seq_length < CP_MIN_SEQ_LENGTH:
+        cps = [1]
+    elif o.seq_length < CP_FULL_RANGE_SEQ_LENGTH:
+        cps = [c for c in cps if c <= CP_SHORT_MAX]
+    eps = [1]
+    if model.is_moe:
+        eps = [e for e in _pow2_upto(min(model.num_experts, 256)) if model.num_experts % e == 0]
+    pps = list(range(1, min(model.num_layers, MAX_PP) + 1))
+    # expert-TP within a node (like TP), dividing the expert FFN (each rank a slice of fc1/fc2)
+    etp_opts = [e for e in _pow2_upto(max_gpn) if model.is_moe and model.moe_ffn_hidden_size % e == 0]
+    for key, vals in (("tp", tps), ("cp", cps), ("ep", eps), ("pp", pps)):
+        if key in fixed:
+            vals[:] = [fixed[key]]
+    batch_divisors = _divisors(o.global_batch_size)
+    budget = o.budget
+    # a plan's world size, as the budget allows it on some set of node groups (the smallest
+    # group alone is the least any plan has available); stage_layouts applies the exact rule
+    lo = budget.min_fraction * budget.cap(n_min) if budget.gpus is None else budget.gpus - 1
+    hi = budget.cap(N) if budget.gpus is None else budget.gpus
+    for tp in tps:
+        for cp in cps:
+            if tp > 1 and o.seq_length % (cp * tp):
+                continue   # sequence parallelism (on whenever tp > 1) would break: check_structure
+            for pp in pps:
+                base = tp * cp * pp
+                if base > hi:
+                    break
+                dps = [d for d in batch_divisors if lo < base * d <= hi]
+                if "dp" in fixed:
+                    dps = [fixed["dp"]]
+                for dp in dps:
+                    per = tp * cp * dp
+                    for ep in eps:
+                        # MoE parallel folding (Megatron-Core): expert-TP independent of the
+                        # dense TP, and EP x expert-TP folded over any of the stage's
+                        # tp x cp x dp ranks; parallel_state.py only needs the expert grid
+                        # (etp x ep x expert-dp) to cover the stage's ranks exactly
+                        etps = etp_opts if model.is_moe else [None]
+                        if "etp" in fixed and model.is_moe:
+                            etps = [fixed["etp"]]
+                        for etp in etps:
+                            if model.is_moe and per % (etp * ep):
+                                continue
+                            yield tp, cp, pp, dp, ep, etp
+
+
+def _zero_options(o: SearchOptions) -> list[int]:
+    fixed = dict(o.fixed)
+    return [fixed["zero"]] if "zero" in fixed else list(o.zero_stages)
+
+
+def _family_specs(model: ModelSpec, cluster: ClusterSpec, o: SearchOptions, layouts_of):
+    """Every family of the space: (tp, cp, pp, dp, ep, etp, mbs, micro-batches, recompute,
+    block, vpps, candidates). `layouts_of(per_stage, pp)` gives the stage orders a pipeline of
+    that shape has under o's GPU budget (0: none)."""
+    fixed = dict(o.fixed)
+    L = model.num_layers
+    mbs_opts = [fixed["mbs"]] if "mbs" in fixed else list(MICRO_BATCHES)
+    rec_opts = [fixed["recompute"]] if "recompute" in fixed else list(o.recompute)
+    n_zero = len(_zero_options(o))
+    vpp_opts = [fixed["vpp"]] if "vpp" in fixed else list(VPP_CHOICES)
+    block_ok = "full" in rec_opts and o.partial_recompute and "recompute" not in fixed
+    for tp, cp, pp, dp, ep, etp in enumerate_space(model, cluster, o):
+        n_orders = layouts_of(tp * cp * dp, pp)
+        if not n_orders:
+            continue
+        for mbs in mbs_opts:
+            if o.global_batch_size % (mbs * dp):
+                continue
+            m = o.global_batch_size // (mbs * dp)
+            vpps = [v for v in vpp_opts
+                    if v == 1 or (pp >= 2 and m % pp == 0 and "interleaved" in o.schedules
+                                  and L >= pp * v and (o.uneven_chunks or L % v == 0))]
+            for rec in rec_opts + (["block"] if block_ok else []):
+                block = rec == "block"
+                # a block family is bounded as if nothing were recomputed (its candidates add the
+                # recompute of their k layers per chunk); its chunks stay even
+                vh = tuple(v for v in vpps if L % v == 0 and L // pp // v >= 2) if block else tuple(vpps)
+                count = n_orders * len(vh) * n_zero
+                if count:
+                    yield tp, cp, pp, dp, ep, etp, mbs, m, rec, block, vh, count
+
+
+def space_worlds(model: ModelSpec, cluster: ClusterSpec, o: SearchOptions) -> dict[int, int]:
+    """World size -> candidates of that size in the space (empty: no plan can be built)."""
+    cache: dict = {}
+
+    def layouts_of(per, pp):
+        if (per, pp) not in cache:
+            cache[per, pp] = sum(len(v) for v in stage_layouts(cluster, per, pp, o.budget).values())
+        return cache[per, pp]
+
+    out: dict = {}
+    for tp, cp, pp, dp, *_, count in _family_specs(model, cluster, o, layouts_of):
+        out[tp * cp * pp * dp] = out.get(tp * cp * pp * dp, 0) + count
+    return out
