@@ -231,7 +231,10 @@ def check_structure(s: Strategy, model: ModelSpec) -> None:
                               f"of tp ({s.tp}); use a sequence length divisible by {s.cp * s.tp}, or no sequence "
                               "parallelism")
     layers = s.stage_layers(model)
-    # an explicit layout (chunk_layers) may leave a rank without decoder layers (E|t*8|...|L)
+    # an explicit layout (chunk_layers) may leave a virtual stage, or a whole rank, without decoder
+    # layers (E|t*8|...|L): Megatron-LM's PipelineParallelLayerLayout (megatron/core/transformer/
+    # pipeline_parallel_layer_layout.py) allows empty stages; its own checks are in
+    # megatron/layout.py layout_problems. Checked once here: counts >= 0 that sum per rank.
     least = 0 if s.chunk_layers is not None else 1
     if len(layers) != s.pp or sum(layers) != model.num_layers or min(layers) < least:
         raise InvalidStrategy("layer-split",
@@ -239,7 +242,8 @@ def check_structure(s: Strategy, model: ModelSpec) -> None:
                               f"{model.num_layers}")
     if s.chunk_layers is not None:
         c = s.chunk_layers
-        if len(c) != s.pp * s.vpp or min(c) < 0 or tuple(sum(c[r::s.pp]) for r in range(s.pp)) != tuple(layers):
+        if (len(c) != s.pp * s.vpp or not all(isinstance(x, int) and x >= 0 for x in c)
+                or tuple(sum(c[r::s.pp]) for r in range(s.pp)) != tuple(layers)):
             raise InvalidStrategy("chunk-layers",
                                   f"chunk_layers {list(c)} must be pp x vpp = {s.pp * s.vpp} counts whose sums per "
                                   f"rank (segments r, r + pp, ...) are the layers per stage {list(layers)}")
@@ -265,15 +269,6 @@ def check_structure(s: Strategy, model: ModelSpec) -> None:
                 need = f"a multiple of the group size {n}, or leave a last group of at least pp ({s.pp})"
             raise InvalidStrategy("interleaved-microbatches",
                                   f"interleaved schedule needs micro-batches ({m}) to be {need}")
-    if s.chunk_layers is not None:
-        ch = s.chunk_layers
-        if len(ch) != s.pp * s.vpp or min(ch) < 1:
-            raise InvalidStrategy("chunk-layers",
-                                  f"chunk_layers {list(ch)} must be pp x vpp = {s.pp * s.vpp} counts >= 1")
-        per_rank = tuple(sum(ch[c * s.pp + r] for c in range(s.vpp)) for r in range(s.pp))
-        if per_rank != tuple(layers):
-            raise InvalidStrategy("chunk-layers",
-                                  f"chunk_layers give {list(per_rank)} layers per stage, the split is {list(layers)}")
     if s.stage_node_groups is not None and len(s.stage_node_groups) != s.pp:
         raise InvalidStrategy("stage-node-groups", f"{len(s.stage_node_groups)} node groups for {s.pp} stages")
     if model.is_moe:

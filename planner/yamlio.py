@@ -188,9 +188,13 @@ def check_fields(data: Any, source: str, prefix: str, allowed: set[str], require
         if key not in allowed:
             raise SpecError(source, _join(prefix, key),
                             f"unknown field{suggest(key, allowed)}; allowed: {', '.join(sorted(allowed))}")
-    for key in sorted(required):
-        if key not in data or data[key] is None:
-            raise SpecError(source, _join(prefix, key), "required field is missing")
+    missing = [key for key in sorted(required) if key not in data or data[key] is None]
+    if len(missing) == 1:
+        raise SpecError(source, _join(prefix, missing[0]), "required field is missing")
+    if missing:
+        # all of them in one line: fixing one at a time would take as many runs as fields
+        raise SpecError(source, where, f"{len(missing)} required fields are missing: "
+                        f"{', '.join(_join(prefix, k) for k in missing)}")
     return data
 
 

@@ -6,12 +6,25 @@ Each test is bounded (max_examples) and runs in seconds: main() is called in-pro
 same entry point as the installed `planner` command."""
 
 import json
+import os
 import tempfile
 from pathlib import Path
 
+import yaml
 from hypothesis import HealthCheck, event, given, settings, strategies as st
 
 from _cli import ROOT, one_error_line, run_main
+
+from planner.errors import SpecError
+from planner.specs.hardware import load_profile
+
+# PLANNER_FUZZ=N multiplies every test's max_examples (a longer run outside CI: docs/fuzz.md)
+FUZZ = max(1.0, float(os.environ.get("PLANNER_FUZZ", "1") or 1))
+
+
+def n(examples: int) -> int:
+    return max(1, int(examples * FUZZ))
+
 
 MODEL_LINES = (ROOT / "model_specs" / "mixtral-8x7b.yaml").read_text().splitlines()
 CLUSTER_LINES = (ROOT / "examples" / "clusters" / "h100-a100-lab.yaml").read_text().splitlines()
@@ -71,7 +84,7 @@ def assert_clean(rc: int, out: str, err: str) -> None:
         assert json.loads(out)["memory"]["fits"] is True
 
 
-SETTINGS = dict(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = dict(max_examples=n(60), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 @settings(**SETTINGS)
@@ -93,7 +106,7 @@ def test_mutated_cluster_spec_never_crashes(ops):
         assert_clean(*run_main(["estimate", "--model", "llama3-8b", "--cluster", str(f), "--tp", "8", "--json"]))
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=n(40), deadline=None)
 @given(st.binary(max_size=300), st.sampled_from(["spec.yaml", "config.json"]))
 def test_random_bytes_as_a_spec_never_crash(data, name):
     with tempfile.TemporaryDirectory() as d:
@@ -106,7 +119,7 @@ def test_random_bytes_as_a_spec_never_crash(data, name):
 DEGREE = st.one_of(st.sampled_from([1, 2, 4, 8]), st.integers(-3, 70))
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=n(60), deadline=None)
 @given(tp=DEGREE, pp=DEGREE, cp=st.sampled_from([1, 1, 2, 0, -1]), mbs=DEGREE,
        gbs=st.one_of(st.sampled_from([64, 256, 512]), st.integers(-5, 5000)),
        seq=st.one_of(st.sampled_from([2048, 4096, 8192, 8193]), st.integers(-5, 40000)),
@@ -128,7 +141,7 @@ FIX = st.lists(st.one_of(
                      "cp=2", "vpp=2", "dp=8", "tp=0", "pp=-1"])), max_size=3)
 
 
-@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=n(15), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(model=st.sampled_from(["llama3-8b", "mixtral-8x7b", "megatron-gpt-1.7b"]),
        cluster=st.sampled_from(["dgx-h100-x8", "h100-a100-lab", "dgx-h100-x16"]),
        gbs=st.one_of(st.sampled_from([64, 256, 512]), st.integers(1, 3000)),
@@ -162,3 +175,94 @@ def test_every_plan_the_cli_returns_fits_and_passes_the_rules(model, cluster, gb
             s = p["plan"]
             assert not (s["sequence_parallel"] and s["tensor_model_parallel_size"] > 1
                         and seq % (s["context_parallel_size"] * s["tensor_model_parallel_size"])), s
+
+
+# ---- issue 29: one field of a valid bundled spec corrupted ----------------------------------------
+
+BUNDLED = {
+    "model": yaml.safe_load((ROOT / "model_specs" / "llama3-8b.yaml").read_text()),
+    "cluster": yaml.safe_load((ROOT / "examples" / "clusters" / "h100-a100-lab.yaml").read_text()),
+    "profile": yaml.safe_load((ROOT / "hardware_profiles" / "h100-sxm-80g.yaml").read_text()),
+}
+# values of the wrong type: the loader must name the field they were put in
+WRONG_TYPE = ["x", [1, 2], {"a": 1}, True, "12 parsecs", "\x1b[31m", "\u202e", "\x00"]
+CORRUPT = st.one_of(st.sampled_from(["delete"]), st.sampled_from(WRONG_TYPE),
+                    st.sampled_from([0, -1, 1, 3, 10**30, 1e400, -1e400, 0.5, None, "", [], {}]),
+                    st.integers(-10**6, 10**12), st.floats(allow_nan=True), st.text(max_size=8))
+
+
+def _paths(data, prefix=()):
+    """Every (path to a field) of a spec: mapping keys and list indexes, nested."""
+    if isinstance(data, dict):
+        for k, v in data.items():
+            yield prefix + (k,)
+            yield from _paths(v, prefix + (k,))
+    elif isinstance(data, list):
+        for i, v in enumerate(data):
+            yield from _paths(v, prefix + (i,))
+
+
+PATHS = {kind: sorted(_paths(d), key=str) for kind, d in BUNDLED.items()}
+
+
+def _kind_of(v) -> str:
+    return ("bool" if isinstance(v, bool) else "number" if isinstance(v, (int, float)) else
+            "text" if isinstance(v, str) else "list" if isinstance(v, list) else
+            "mapping" if isinstance(v, dict) else "null")
+
+
+def _corrupt(kind: str, index: int, value):
+    """The bundled spec with one field deleted or set to `value`: (data, path, whether the new
+    value is of another type than the field's)."""
+    data = json.loads(json.dumps(BUNDLED[kind]))
+    path = PATHS[kind][index % len(PATHS[kind])]
+    holder = data
+    for p in path[:-1]:
+        holder = holder[p]
+    old = holder[path[-1]]
+    if value == "delete":
+        del holder[path[-1]]
+        retyped = False
+    else:
+        holder[path[-1]] = value
+        retyped = value is not None and _kind_of(old) not in ("null", _kind_of(value))
+    return data, path, retyped
+
+
+def _check_named(line: str, f: Path, path, retyped: bool) -> None:
+    """An exit-2 line names the file, and the corrupted field when its value has another type
+    (a value of the right type may break a rule that names another field)."""
+    assert str(f) in line, line
+    if retyped and isinstance(path[-1], str):
+        assert path[-1] in line, (path, line)
+
+
+@settings(max_examples=n(60), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(kind=st.sampled_from(["model", "cluster"]), index=st.integers(0, 10**6), value=CORRUPT)
+def test_one_corrupted_field_of_a_bundled_spec(kind, index, value):
+    data, path, retyped = _corrupt(kind, index, value)
+    event(f"{kind}: {path[0]}")
+    with tempfile.TemporaryDirectory() as d:
+        f = Path(d) / f"{kind}.yaml"
+        f.write_text(yaml.safe_dump(data, allow_unicode=True))
+        spec = ["--model", str(f), "--cluster", "h100-a100-lab"] if kind == "model" else \
+            ["--model", "llama3-8b", "--cluster", str(f)]
+        rc, out, err = run_main(["estimate", *spec, "--tp", "8", "--json"])
+        assert_clean(rc, out, err)
+        if rc == 2:
+            _check_named(one_error_line(err), f, path, retyped)
+
+
+@settings(max_examples=n(80), deadline=None)
+@given(index=st.integers(0, 10**6), value=CORRUPT)
+def test_one_corrupted_field_of_a_hardware_profile(index, value):
+    data, path, retyped = _corrupt("profile", index, value)
+    with tempfile.TemporaryDirectory() as d:
+        f = Path(d) / "gpu.yaml"
+        f.write_text(yaml.safe_dump(data, allow_unicode=True))
+        try:
+            load_profile(f)
+        except SpecError as exc:
+            line = str(exc)
+            assert "\n" not in line, line
+            _check_named(line, f, path, retyped)

@@ -30,6 +30,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from ..errors import SpecError
+from ..inputs import read_regular_file
 
 MAX_LOG_BYTES = 512 * 2**20   # a long run's stdout is tens of MB; refuse what cannot be a log
 MIB = 2**20
@@ -104,15 +105,8 @@ class MegatronLog:
 def read_text(path: str, limit: int = MAX_LOG_BYTES) -> tuple[str, str, str]:
     """(text, sha256 prefix, modification date) of a measurement file; errors name the file."""
     p = Path(path)
-    if not p.is_file():
-        raise SpecError(path, None, "file not found")
-    try:
-        size = p.stat().st_size
-        if size > limit:
-            raise SpecError(path, None, f"file is {size} bytes, larger than {limit}")
-        data = p.read_bytes()
-    except OSError as exc:
-        raise SpecError(path, None, f"cannot read: {exc.strerror}") from None
+    # a folder, a FIFO or a device is named for what it is (a FIFO is never opened)
+    data = read_regular_file(p, limit, "a training log or nccl-tests output")
     text = data.decode("utf-8", errors="replace")
     mdate = datetime.fromtimestamp(p.stat().st_mtime, tz=timezone.utc).strftime("%Y-%m-%d")
     return text, hashlib.sha256(data).hexdigest()[:16], mdate

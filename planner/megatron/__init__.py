@@ -1,7 +1,9 @@
 """Megatron-LM facing code: read a launch (shell words, flags, layout) into a model and a
 strategy, check it against Megatron's rules, and emit launches for a plan.
 
-Modules: `shell` (words from a script; nothing executed), `flags` (Megatron's argument table),
+Modules: `flags` (Megatron's argument table),
 `launch` (flags -> ModelSpec + Strategy), `layout` (--pipeline-model-parallel-layout),
-`rules` (what Megatron rejects), `check` (the CI gate), `emit` (plan -> flags and launch.sh).
+`rules` (what Megatron rejects), `check` (the CI gate), `emit` (plan -> flags and launch.sh),
+`tokenizers` (the vocabulary a launch trains with). Words come from a script through planner.bash
+(nothing executed); `shell` re-exports it.
 """

@@ -17,6 +17,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from ..bash.words import Word  # noqa: F401 (re-exported: the words of a launch)
 from ..yamlio import suggest
 
 TABLE_PATH = Path(__file__).with_name("flags_megatron.json")
@@ -161,16 +162,6 @@ def convert(flag: Flag, text: str) -> Any:
 
 
 # ---- a launch's flags ---------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class Word:
-    """A shell word after expansion. `unknown` names what its text depends on that cannot be
-    known without running something (a variable no one set, `$(...)`); `text` then holds the
-    word as written."""
-    text: str
-    unknown: tuple[str, ...] = ()
-    line: int = 0
-
 
 @dataclass
 class ParsedFlags:

@@ -1,6 +1,6 @@
 """A Megatron-LM launch -> ModelSpec + Strategy.
 
-The words come from planner.megatron.shell (a script, read without running it) or from a flags
+The words come from planner.bash (a script, read without running it) or from a flags
 file; the launcher in front of the training script (torchrun, `python -m torch.distributed.run`,
 srun, ...) gives the world size; the flags after it are read with Megatron's own argument table
 (planner.megatron.flags) and mapped onto the planner's model and strategy with Megatron's
@@ -15,12 +15,13 @@ import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from ..bash import Partial, Unknown, flag_words, is_flags_text, read_script
+from ..bash.slurm import sbatch_options
 from ..errors import InvalidStrategy, SpecError
 from ..specs.model import ModelSpec, model_from_dict
 from ..strategy import Strategy
 from .flags import ParsedFlags, Word, parse_flags, table
 from .layout import LayoutError, parse_layout, rank_sums, split_chunk_layers
-from .shell import Partial, Unknown, flag_words, is_flags_text, read_script, sbatch_options
 from .tokenizers import GPT2_BPE_VOCAB_SIZE, SENTENCEPIECE_TYPES, vocab_flag, vocab_of  # noqa: F401 (re-exported)
 
 MAX_LAUNCH_BYTES = 1_000_000
@@ -496,6 +497,16 @@ def _strategy(v: dict, val, model: ModelSpec, world: int | None, source: str):
                    ("--context-parallel-size", cp), ("--expert-model-parallel-size", ep)):
         if x < 1:
             raise InvalidLaunch([("positive-degrees", f"{opt}: found {x}, expected >= 1")], source)
+    # argparse (type=int) and validate_args let 0 through (0 % (2 x cp) == 0, max positions >= 0),
+    # then megatron/core/datasets/gpt_dataset.py divides the tokens by the sequence length and the
+    # microbatch calculator asserts 'number of microbatches should be at least 1': invalid, as
+    # --num-layers 0 is (a given 0 must not fall back to a default)
+    for opt, dest in (("--seq-length", "seq_length"), ("--micro-batch-size", "micro_batch_size"),
+                      ("--global-batch-size", "global_batch_size")):
+        x = v.get(dest)
+        if x is not None and x < 1:
+            raise InvalidLaunch([("positive-degrees", f"{opt}: found {x}, expected an integer >= 1 (Megatron-LM "
+                                  "accepts it in argparse and fails once training starts)")], source)
     dp = world // (tp * pp * cp) if world and world % (tp * pp * cp) == 0 else 0
     mbs = val("micro_batch_size", 1)
     gbs = val("global_batch_size") or mbs * max(dp, 1)
@@ -647,6 +658,23 @@ def parse_words(words, source: str, name: str = "megatron-launch", world_size: i
                       default_world_size=default_world_size, vocab_model=vocab_model)
 
 
+def _refuse_nul(text: str, source: str) -> None:
+    """A NUL byte is no part of a shell script: bash drops it from the line (so Megatron would get
+    another value than the file shows), and no argument of a process can hold one."""
+    i = text.find("\0")
+    if i < 0:
+        return
+    from ..inputs import printable
+    line_no = text.count("\n", 0, i) + 1
+    line = text[text.rfind("\n", 0, i) + 1:].split("\n", 1)[0]
+    words = line.split()
+    k = next(j for j, w in enumerate(words) if "\0" in w)
+    flag = next((w for w in reversed(words[:k + 1]) if w.startswith("--")), None)
+    where = f", the value of {printable(flag.split('=', 1)[0])}" if flag else ""
+    raise SpecError(printable(source), f"line {line_no}", f"a NUL byte (\\x00) in '{printable(words[k])}'{where}; "
+                    "expected text without NUL bytes (bash drops them; no process argument can hold one)")
+
+
 def parse_text(text: str, source: str, env: dict | None = None, default_world_size: int | None = None,
                base_dir: Path | None = None, settings: dict | None = None,
                vocab_model: ModelSpec | None = None) -> MegatronLaunch:
@@ -655,6 +683,7 @@ def parse_text(text: str, source: str, env: dict | None = None, default_world_si
     over values the script cannot know; digits name script arguments). A
     `# planner: stage-node-groups=a,b,...` header (written by `plan --emit`) says which node
     group hosts each pipeline stage."""
+    _refuse_nul(text, source)
     env = dict(os.environ) if env is None else dict(env)
     settings = dict(settings or {})
     args = []
@@ -743,14 +772,13 @@ def _with_stage_groups(launch: MegatronLaunch, text: str, source: str) -> Megatr
 
 def parse_file(path: str | Path, env: dict | None = None, default_world_size: int | None = None,
                settings: dict | None = None, vocab_model: ModelSpec | None = None) -> MegatronLaunch:
+    from ..inputs import printable, read_regular_file
     p = Path(path)
-    if not p.is_file():
-        raise SpecError(str(path), None, "file not found")
+    # a folder, a FIFO or a device is named for what it is (a FIFO is never opened)
+    raw = read_regular_file(p, MAX_LAUNCH_BYTES, "a Megatron-LM launch script or flags file (at most 1 MB)")
     try:
-        if p.stat().st_size > MAX_LAUNCH_BYTES:
-            raise SpecError(str(path), None, "larger than 1 MB; not a launch file")
-        text = p.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise SpecError(str(path), None, f"cannot read as UTF-8 text: {exc}") from None
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise SpecError(printable(path), None, f"cannot read as UTF-8 text: {exc}") from None
     return parse_text(text, str(path), env, default_world_size, base_dir=p.resolve().parent, settings=settings,
                       vocab_model=vocab_model)

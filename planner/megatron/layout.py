@@ -160,6 +160,7 @@ def layout_string(chunk_layers, mtp_num_layers: int = 0) -> str:
     """A layout that Megatron unrolls to exactly these decoder counts per stage: 'E' on the
     first stage, MTP layers (if any) and 'L' on the last."""
     n = len(chunk_layers)
+    mtp_num_layers = mtp_num_layers or 0   # a model without MTP may say None
     out = []
     for k, c in enumerate(chunk_layers):
         seg = ("E" if k == 0 else "") + ("t" if c == 1 else (f"t*{c}" if c > 1 else ""))

@@ -99,8 +99,20 @@ def profile_from_dict(data: Any, source: str) -> GPUProfile:
         if v is None:
             continue
         peak_flops[k] = get_float(peaks, k, source, "peak_tflops", minimum=0.1, maximum=1e6) * 1e12
+    # The cost model prices 16-bit GEMMs with the bf16 peak (cost/compute.py gemm_dtype,
+    # mfu_peak_dtype), fp16 runs with the fp16 peak, and the attention of fp8 runs with bf16's.
     if not ({"bf16", "fp16"} & set(peak_flops)):
-        raise SpecError(source, "peak_tflops", "expected at least a bf16 or fp16 peak")
+        raise SpecError(source, "peak_tflops.bf16", "no bf16 peak (and no fp16 peak); expected the dense bf16 "
+                        "tensor peak, which 16-bit training is priced with, or for a GPU without bf16 (V100) "
+                        "its fp16 peak alone, which then prices bf16 runs too")
+    if "fp8" in peak_flops and "bf16" not in peak_flops:
+        raise SpecError(source, "peak_tflops.bf16", "an fp8 peak without a bf16 peak; expected a bf16 peak too "
+                        "(every fp8 GPU has one, and fp8 runs price attention with it)")
+    uncertain_extra: list[str] = []
+    if "fp16" not in peak_flops:
+        # tensor cores run fp16 at the bf16 rate on every GPU that has both (A100, H100, MI300X, ...)
+        peak_flops["fp16"] = peak_flops["bf16"]
+        uncertain_extra.append("peak_tflops.fp16 (taken as the bf16 peak)")
     eff = data["efficiency"]
     check_fields(eff, source, "efficiency", EFF_FIELDS, EFF_REQUIRED_FIELDS)
     efficiency = Efficiency(
@@ -133,7 +145,7 @@ def profile_from_dict(data: Any, source: str) -> GPUProfile:
         compute_capability=get_float(data, "compute_capability", source, minimum=1.0, maximum=20.0),
         efficiency=efficiency,
         source=get_str(data, "source", source, default="") or "",
-        uncertain=tuple(uncertain),
+        uncertain=tuple(uncertain) + tuple(uncertain_extra),
     )
     if prof.cuda_context_bytes + prof.nccl_bytes_per_communicator >= prof.memory_bytes:
         raise SpecError(source, "cuda_context", "the CUDA context and one NCCL communicator leave no memory")

@@ -27,7 +27,26 @@ def is_hf_config(data: Any) -> bool:
                                        or ("num_hidden_layers" in data and "num_layers" not in data))
 
 
+def _architectures(data: dict, source: str) -> list | None:
+    """config.json's "architectures" as transformers writes it: a list naming one *ForCausalLM
+    class (None when absent). A string, an empty list or two architectures in one config are
+    refused: the planner cannot tell which model the file describes."""
+    arch = data.get("architectures")
+    if arch is None:
+        return None
+    expected = 'expected a list with one architecture, e.g. ["LlamaForCausalLM"]'
+    if not isinstance(arch, list):
+        what = f"found the text {printable(arch)!r}" if isinstance(arch, str) else f"found {printable(arch)}"
+        raise SpecError(source, "architectures", f"{what}, not a list; {expected}")
+    if len(arch) != 1 or not isinstance(arch[0], str):
+        what = (f"{len(arch)} architectures in one config ({printable(arch)})" if len(arch) != 1
+                else f"found {printable(arch)}")
+        raise SpecError(source, "architectures", f"{what}; {expected}")
+    return arch
+
+
 def _model_type(data: dict, source: str) -> str:
+    _architectures(data, source)
     mt = data.get("model_type")
     if mt is None:
         arch = data.get("architectures")
