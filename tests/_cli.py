@@ -88,3 +88,14 @@ def one_error_line(stderr: str) -> str:
     assert stderr.count("\n") == 1 and stderr.endswith("\n"), repr(stderr)
     assert not stderr.startswith("error: unexpected "), stderr
     return stderr.rstrip("\n")
+
+
+def refused(args, *needles, code=2) -> str:
+    """main() on args must refuse them: exit `code`, one error line holding every needle.
+    Returns the line."""
+    rc, out, err = run_main(args)
+    assert rc == code, (rc, out, err)
+    line = one_error_line(err)
+    for n in needles:
+        assert n in line, line
+    return line

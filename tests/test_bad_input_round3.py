@@ -6,13 +6,11 @@ file is expected. (Pipeline layouts with empty stages: test_bad_input_layout.py.
 
 import json
 import os
-import re
-import sys
 
 import pytest
 import yaml
 
-from _cli import ROOT, env_with, one_error_line, run, run_main
+from _cli import ROOT, one_error_line, refused, run, run_main
 
 from planner.errors import SpecError
 from planner.specs.hardware import load_profile
@@ -20,15 +18,6 @@ from planner.specs.hardware import load_profile
 H100 = yaml.safe_load((ROOT / "hardware_profiles" / "h100-sxm-80g.yaml").read_text())
 V100 = yaml.safe_load((ROOT / "hardware_profiles" / "v100-sxm2-32g.yaml").read_text())
 LAUNCH = (ROOT / "tests" / "fixtures" / "uv_distributed_run_layout.sh").read_text()
-
-
-def refused(args, *needles, code=2):
-    rc, out, err = run_main(args)
-    assert rc == code, (rc, out, err)
-    line = one_error_line(err)
-    for n in needles:
-        assert n in line, line
-    return line
 
 
 def _profile(tmp_path, name="p.yaml", **changes):

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from _cli import ROOT, env_with, one_error_line, run, run_main, run_tty
+from _cli import ROOT, env_with, one_error_line, refused, run, run_main, run_tty
 
 EST = ["estimate", "--model", "llama3-8b", "--cluster", "dgx-h100-x8"]
 CLUSTER = (ROOT / "examples" / "clusters" / "dgx-h100-x8.yaml").read_text()
@@ -23,15 +23,6 @@ LAUNCH = ("pretrain_gpt.py --num-layers 32 --hidden-size 4096 --num-attention-he
           "--position-embedding-type rope --normalization RMSNorm --swiglu --untie-embeddings-and-output-weights "
           "--disable-bias-linear --attention-dropout 0.0 --hidden-dropout 0.0 --pipeline-model-parallel-size 1 "
           "--micro-batch-size 1 --global-batch-size 256 --use-distributed-optimizer --bf16 ")
-
-
-def refused(args, *needles, code=2):
-    rc, out, err = run_main(args)
-    assert rc == code, (rc, out, err)
-    line = one_error_line(err)
-    for n in needles:
-        assert n in line, line
-    return line
 
 
 # ---- files ---------------------------------------------------------------------------------
