@@ -175,10 +175,12 @@ def test_every_flag_the_rules_and_the_emitter_name_is_in_the_table():
 
 
 def test_every_modelled_flag_is_read_and_every_flag_read_is_modelled():
-    """The classification and launch.py agree: a flag classified model/strategy is mapped, and
-    launch.py reads no flag the table calls no-cost or unmodelled (except the tokenizer it
+    """The classification and the launch reader (launch.py and the model/strategy readers it
+    calls) agree: a flag classified model/strategy is mapped, and the reader reads no flag the table calls no-cost or unmodelled (except the tokenizer it
     needs for the vocabulary and the flags read only to say something about them)."""
-    src = (Path(__file__).parent.parent / "planner" / "megatron" / "launch.py").read_text()
+    megatron = Path(__file__).parent.parent / "planner" / "megatron"
+    src = "".join((megatron / name).read_text()
+                  for name in ("launch.py", "model_from_flags.py", "strategy_from_flags.py"))
     t = table()
     read = set(re.findall(r'"(\w+)"', src)) & set(t.by_dest)
     modelled = {f.dest for f in t.flags if f.cost in ("model", "strategy")}

@@ -6,7 +6,6 @@ examples/ copied), so that `--out DIR`, `--plot DIR`, `> file` and `calibrate --
 there. The commands of one page run in order in one folder (a `check` of an emitted launch
 follows its `--emit`; `cat > FILE <<'EOF'` blocks write the specs later commands read).
 """
-import os
 import re
 import subprocess
 import sys

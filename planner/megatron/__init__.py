@@ -2,7 +2,8 @@
 strategy, check it against Megatron's rules, and emit launches for a plan.
 
 Modules: `flags` (Megatron's argument table),
-`launch` (flags -> ModelSpec + Strategy), `layout` (--pipeline-model-parallel-layout),
+`launch` (a launch -> ModelSpec + Strategy; its parts `launcher` (the launch in a script, the
+world size), `model_from_flags`, `strategy_from_flags`, `launch_errors`), `layout` (--pipeline-model-parallel-layout),
 `rules` (what Megatron rejects), `check` (the CI gate), `emit` (plan -> flags and launch.sh),
 `tokenizers` (the vocabulary a launch trains with). Words come from a script through planner.bash
 (nothing executed); `shell` re-exports it.
