@@ -30,7 +30,8 @@ def models():
 @app.command()
 def clusters():
     """List the bundled clusters: node groups, GPUs, links and prices."""
-    t = Table(title="Bundled clusters (one row per node group; links per node unless said)")
+    t = Table(title="Bundled clusters (one row per node group; links per node unless said; scale-up within a "
+                    "node, or within an N-GPU domain of nodes where said)")
     for col in ("cluster", "GPUs", "node group", "nodes x GPUs", "GPU", "scale-up / GPU", "NICs", "between groups",
                 "$/GPU-h"):
         t.add_column(col, justify="left" if col in ("cluster", "node group", "GPU", "between groups") else "right")
@@ -40,7 +41,8 @@ def clusters():
                  for ic in c.interconnects]
         for k, g in enumerate(c.node_groups):
             t.add_row(n if k == 0 else "", f"{c.num_gpus:,}" if k == 0 else "", g.name,
-                      f"{g.nodes} x {g.gpus_per_node}", g.gpu.name, f"{g.intra_node_bandwidth_bytes_per_s / 1e9:g} GB/s",
+                      f"{g.nodes} x {g.gpus_per_node}", g.gpu.name, f"{g.intra_node_bandwidth_bytes_per_s / 1e9:g} GB/s"
+                      + (f", {g.domain_gpus}-GPU domain" if g.scale_up_domain_gpus else ""),
                       f"{g.nics_per_node} x {g.nic_bandwidth_bytes_per_s * 8 / 1e9:g} Gb/s",
                       "; ".join(links) if k == 0 and links else ("-" if k == 0 else ""),
                       "-" if g.price_per_gpu_hour is None else f"{g.price_per_gpu_hour:g}")

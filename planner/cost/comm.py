@@ -4,10 +4,13 @@ Rank order is Megatron's default 'tp-cp-ep-dp-pp' (megatron/core/parallel_state.
 innermost (consecutive ranks), then CP, then DP; PP is outermost, so each pipeline stage owns a
 contiguous block of tp*cp*dp ranks, laid on whole nodes of one node group.
 
-A group of n ranks whose members sit j to a node spans k = n / j nodes. Inside one node it runs
-on the scale-up fabric. Across nodes a ring is bounded by its slowest link (formulas.md): the
-node's NICs are shared by the G/j groups of that axis that communicate at the same time, so the
-group's per-node share is nics x rate x j / G. An `interconnect` between node groups caps it
+A group of n ranks whose members sit j to a scale-up domain spans k = n / j domains. The domain
+is a node unless the node group declares `scale_up_domain_gpus` (an NVL72 rack of 4-GPU trays:
+D GPUs on one NVLink fabric, consecutive nodes in torchrun's order). Inside one domain a group
+runs on the scale-up fabric. Across domains a ring is bounded by its slowest link (formulas.md):
+the domain's NICs (the sum over its nodes) are shared by the D/j groups of that axis that
+communicate at the same time, so the group's share is nics x rate x (D / G) x j / D =
+nics x rate x j / G with G GPUs per node. An `interconnect` between node groups caps it
 further. Times are alpha-beta: ring all-reduce 2(n-1)/n M / B + 2(n-1) alpha (a tree's
 2 log2(n) alpha beyond 16 ranks, as NCCL switches), all-gather / reduce-scatter (n-1)/n M / B,
 all-to-all the off-node share over the NIC share, send/recv M / B + alpha.
@@ -30,9 +33,9 @@ class Link:
     bandwidth_bytes_per_s: float
     latency_s: float
     bound_by: str          # what limits it, e.g. "nvlink h100", "nic a100 (4 x 200 Gb/s)"
-    ranks_per_node: int
-    nodes: int
-    intra_bandwidth_bytes_per_s: float   # for all-to-all's on-node share
+    ranks_per_node: int    # ranks per scale-up domain (a node unless the group declares a domain)
+    nodes: int             # scale-up domains spanned
+    intra_bandwidth_bytes_per_s: float   # for all-to-all's on-domain share
     # the NIC share of the group's ranks on one node before a ring's cap by the scale-up fabric
     # (bandwidth_bytes_per_s): an all-to-all's off-node share leaves through the NICs directly
     nic_bandwidth_bytes_per_s: float | None = None
@@ -40,12 +43,14 @@ class Link:
 
 def group_link(groups: list[NodeGroup], n: int, stride: int, cluster: ClusterSpec) -> Link:
     """Link model of a group of n ranks at rank stride `stride`, whose nodes come from `groups`
-    (one entry per distinct node group spanned)."""
+    (one entry per distinct node group spanned). j ranks per scale-up domain (of D GPUs), k
+    domains; with no declared domain D is the node."""
     G = min(g.gpus_per_node for g in groups)
-    if stride >= G:
+    D = min(g.domain_gpus for g in groups)
+    if stride >= D:
         j = 1
     else:
-        j = max(1, min(n, G // stride))
+        j = max(1, min(n, D // stride))
     k = math.ceil(n / j)
     intra = min(g.intra_node_bandwidth_bytes_per_s * g.gpu.efficiency.scale_up for g in groups)
     intra_lat = max(g.gpu.scale_up_latency_s for g in groups)
@@ -97,7 +102,9 @@ def hierarchical_all_to_all_time(on_node_bytes: float, off_node_bytes: float, li
     """Seconds for an all-to-all in which each rank sends `on_node_bytes` to ranks of its own node
     (over the scale-up fabric) and `off_node_bytes` to other nodes; every GPU of a node sends its
     off-node share through the node's NICs at once, so each gets 1/j of the group's NIC share.
-    Both parts run concurrently; the slower one sets the time."""
+    Both parts run concurrently; the slower one sets the time. "Node" here is the link's
+    scale-up domain (group_link): a rack's trays send their off-rack share through their own
+    NICs, the sum of which is the domain's."""
     a = link.latency_s
     if link.nodes == 1 or off_node_bytes <= 0:
         return on_node_bytes / link.intra_bandwidth_bytes_per_s + a
@@ -107,10 +114,11 @@ def hierarchical_all_to_all_time(on_node_bytes: float, off_node_bytes: float, li
 
 def p2p_link(a: NodeGroup, b: NodeGroup, same_node: bool, cluster: ClusterSpec) -> Link:
     """Link between two pipeline stages: every GPU of a node sends to the next stage at once,
-    so each gets 1/G of the node's NICs."""
+    so each gets 1/G of the node's NICs. `same_node`: both stages in one scale-up domain (a node,
+    or the group's scale_up_domain_gpus), on the scale-up fabric."""
     if same_node:
         bw = a.intra_node_bandwidth_bytes_per_s * a.gpu.efficiency.scale_up
-        return Link(bw, a.gpu.scale_up_latency_s, f"scale-up {a.name}", a.gpus_per_node, 1, bw)
+        return Link(bw, a.gpu.scale_up_latency_s, f"scale-up {a.name}", a.domain_gpus, 1, bw)
     share = min(g.node_egress_bytes_per_s * g.gpu.efficiency.network / g.gpus_per_node for g in (a, b))
     why = f"NICs {a.name if a.node_egress_bytes_per_s / a.gpus_per_node <= b.node_egress_bytes_per_s / b.gpus_per_node else b.name}"
     lat = max(a.nic_latency_s, b.nic_latency_s)

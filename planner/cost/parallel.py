@@ -366,11 +366,12 @@ def ep_cost(model: ModelSpec, s: Strategy, groups: list[NodeGroup], cluster: Clu
 # ---- PP ---------------------------------------------------------------------------------------
 
 def stages_share_node(s: Strategy, i: int, j: int, groups_i: list[NodeGroup], groups_j: list[NodeGroup]) -> bool:
-    """Whether pipeline stages i and j sit on one node: torchrun puts global rank r on node
-    r // G, and stage k holds ranks [k * per, (k + 1) * per) (Megatron's rank order)."""
+    """Whether pipeline stages i and j sit on one scale-up domain (a node, or the group's
+    scale_up_domain_gpus of consecutive nodes): torchrun puts global rank r on node r // G, so
+    on domain r // D, and stage k holds ranks [k * per, (k + 1) * per) (Megatron's rank order)."""
     if len(groups_i) != 1 or groups_i != groups_j:
         return False
-    G, per = groups_i[0].gpus_per_node, s.gpus_per_stage
+    G, per = groups_i[0].domain_gpus, s.gpus_per_stage
     lo, hi = min(i, j) * per, (max(i, j) + 1) * per - 1
     return lo // G == hi // G
 

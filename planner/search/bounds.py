@@ -123,10 +123,10 @@ class _Bounds:
 
     def least_hop(self, s: Strategy, a: str, b: str, per: int | None = None) -> float:
         """The cheaper of the two ways two stages (of `per` GPUs, default s's) on groups a and b
-        can talk (on one node only when a stage is smaller than a node of one group)."""
+        can talk (in one scale-up domain only when a stage is smaller than a domain of one group)."""
         hop = self.pp_hop(s, a, b)
         per = s.gpus_per_stage if per is None else per
-        if a == b and per < self.cluster.group(a).gpus_per_node:
+        if a == b and per < self.cluster.group(a).domain_gpus:
             hop = min(hop, self.pp_hop(s, a, b, True))
         return hop
 
@@ -256,11 +256,12 @@ class _Bounds:
             moe_only_mask = np.array([[r not in self.dense_ranks(p, int(x)) for r in range(p)] for x in vpps])
         ends = np.array([self.ends(s, tk, g) for g in names])
         per = s.gpus_per_stage
-        # hop[a, b, same node]: one send between stages on groups a and b (on one node only
-        # within a group), and each group's GPUs per node, for _same_node over whole orders
+        # hop[a, b, same domain]: one send between stages on groups a and b (in one scale-up
+        # domain only within a group), and each group's GPUs per domain, for _same_node over
+        # whole orders
         hop = np.array([[[self.pp_hop(s, x, y, same and x == y) for same in (False, True)] for y in names]
                         for x in names])
-        gpn = np.array([self.cluster.group(g).gpus_per_node for g in names])
+        gpn = np.array([self.cluster.group(g).domain_gpus for g in names])
         rank = np.arange(p - 1)
         # every stage order of the cell at once: (orders, stages), then (orders, vpps, stages)
         gi = np.array([[idx[g] for g in groups] for groups in orders])
@@ -295,11 +296,11 @@ class _Bounds:
         return out
 
     def _same_node(self, groups, i: int, per: int) -> bool:
-        """Whether stages i and i + 1 share a node (estimate's stages_share_node)."""
+        """Whether stages i and i + 1 share a scale-up domain (estimate's stages_share_node)."""
         a = groups[i]
         if a != groups[i + 1]:
             return False
-        gpn = self.cluster.group(a).gpus_per_node
+        gpn = self.cluster.group(a).domain_gpus
         return (i * per) // gpn == ((i + 2) * per - 1) // gpn
 
     def candidate(self, s: Strategy, tk: Strategy, groups: tuple[str, ...], max_layers=None, extra_s=None) -> float:

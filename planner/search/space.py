@@ -233,11 +233,13 @@ def distinct_orders(cluster: ClusterSpec, layouts: dict) -> dict:
 
 def enumerate_space(model: ModelSpec, cluster: ClusterSpec, o: SearchOptions):
     fixed = dict(o.fixed)
-    max_gpn = max(g.gpus_per_node for g in cluster.node_groups)
+    # TP and expert-TP stay within a scale-up domain: a node, or a rack's NVLink domain of trays
+    # (scale_up_domain_gpus) where one is declared
+    max_domain = max(g.domain_gpus for g in cluster.node_groups)
     N = cluster.num_gpus
     n_min = min(g.num_gpus for g in cluster.node_groups)   # a plan may run on one node group
     a, g = model.num_attention_heads, model.num_query_groups
-    tps = [t for t in _pow2_upto(max_gpn if not o.allow_tp_across_nodes else 64)
+    tps = [t for t in _pow2_upto(max_domain if not o.allow_tp_across_nodes else max(64, max_domain))
            if a % t == 0 and (g % t == 0 or t % g == 0)]
     cps = [c for c in _pow2_upto(MAX_CP) if o.seq_length % (2 * c) == 0 or c == 1]
     if o.seq_length < CP_MIN_SEQ_LENGTH:
@@ -248,8 +250,9 @@ def enumerate_space(model: ModelSpec, cluster: ClusterSpec, o: SearchOptions):
     if model.is_moe:
         eps = [e for e in _pow2_upto(min(model.num_experts, 256)) if model.num_experts % e == 0]
     pps = list(range(1, min(model.num_layers, MAX_PP) + 1))
-    # expert-TP within a node (like TP), dividing the expert FFN (each rank a slice of fc1/fc2)
-    etp_opts = [e for e in _pow2_upto(max_gpn) if model.is_moe and model.moe_ffn_hidden_size % e == 0]
+    # expert-TP within a domain (like TP), dividing the expert FFN (each rank a slice of fc1/fc2);
+    # EP is not bounded by the domain (groups spanning domains go hierarchical, cost/comm.py)
+    etp_opts = [e for e in _pow2_upto(max_domain) if model.is_moe and model.moe_ffn_hidden_size % e == 0]
     for key, vals in (("tp", tps), ("cp", cps), ("ep", eps), ("pp", pps)):
         if key in fixed:
             vals[:] = [fixed[key]]

@@ -19,6 +19,10 @@ from .hardware import GPUProfile
 DEFAULT_NIC_LATENCY_S = 5e-6
 MAX_NODES_PER_GROUP = 100_000
 MAX_GPUS_PER_NODE = 72   # an NVL72 rack is the largest scale-up domain shipped today
+# scale_up_domain_gpus: GPUs sharing one NVLink fabric across several nodes (trays), e.g. a
+# GB200 NVL72 rack of 18 four-GPU trays. NVIDIA has announced NVL576 (Vera Rubin Ultra) as the
+# largest domain; a larger value is a typo for a cluster size.
+MAX_SCALE_UP_DOMAIN_GPUS = 576
 # USD per GPU-hour. Cloud list prices of the largest GPUs are a few dollars to a few tens of
 # dollars per GPU-hour; a value above this is a price per node, per day or in cents, and is
 # refused rather than priced.
@@ -37,10 +41,22 @@ class NodeGroup:
     nic_latency_s: float
     host_memory_bytes: float | None
     price_per_gpu_hour: float | None = None   # USD, optional: the cost objective and $ figures
+    # GPUs on one scale-up (NVLink) fabric: consecutive nodes (trays) of the group, in torchrun's
+    # node order, share it. None: the node is the domain.
+    scale_up_domain_gpus: int | None = None
 
     @property
     def num_gpus(self) -> int:
         return self.nodes * self.gpus_per_node
+
+    @property
+    def domain_gpus(self) -> int:
+        """GPUs of one scale-up domain (a node unless scale_up_domain_gpus says more)."""
+        return self.scale_up_domain_gpus or self.gpus_per_node
+
+    @property
+    def nodes_per_domain(self) -> int:
+        return self.domain_gpus // self.gpus_per_node
 
     @property
     def node_egress_bytes_per_s(self) -> float:
@@ -90,7 +106,8 @@ class ClusterSpec:
 
 
 GROUP_FIELDS = {"name", "nodes", "gpus_per_node", "gpu", "nics_per_node", "nic_bandwidth",
-                "intra_node_bandwidth", "nic_latency", "host_memory", "price_per_gpu_hour"}
+                "intra_node_bandwidth", "nic_latency", "host_memory", "price_per_gpu_hour",
+                "scale_up_domain_gpus"}
 REQUIRED_GROUP_FIELDS = {"name", "nodes", "gpus_per_node", "gpu", "nics_per_node", "nic_bandwidth"}
 CLUSTER_FIELDS = {"name", "node_groups", "interconnect", "source", "notes", "calibration"}
 REQUIRED_CLUSTER_FIELDS = {"name", "node_groups"}
@@ -160,10 +177,22 @@ def base_cluster_from_dict(data: Any, source: str) -> ClusterSpec:
         gpu = resolve_profile(g["gpu"], source, f"{p}.gpu")
         intra = (_unit(parse_bandwidth, g, "intra_node_bandwidth", source, p)
                  if g.get("intra_node_bandwidth") is not None else gpu.scale_up_bandwidth_bytes_per_s)
+        nodes = get_int(g, "nodes", source, p, maximum=MAX_NODES_PER_GROUP)
+        gpn = get_int(g, "gpus_per_node", source, p, maximum=MAX_GPUS_PER_NODE)
+        domain = None
+        if g.get("scale_up_domain_gpus") is not None:
+            domain = get_int(g, "scale_up_domain_gpus", source, p, maximum=MAX_SCALE_UP_DOMAIN_GPUS)
+            if domain % gpn:
+                raise SpecError(source, f"{p}.scale_up_domain_gpus",
+                                f"found {domain}, expected a multiple of gpus_per_node ({gpn})")
+            if nodes % (domain // gpn):
+                raise SpecError(source, f"{p}.scale_up_domain_gpus",
+                                f"found {domain} ({domain // gpn} nodes per domain), expected whole domains: "
+                                f"nodes ({nodes}) a multiple of {domain // gpn}")
         groups.append(NodeGroup(
             name=name,
-            nodes=get_int(g, "nodes", source, p, maximum=MAX_NODES_PER_GROUP),
-            gpus_per_node=get_int(g, "gpus_per_node", source, p, maximum=MAX_GPUS_PER_NODE),
+            nodes=nodes,
+            gpus_per_node=gpn,
             gpu=gpu,
             nics_per_node=get_int(g, "nics_per_node", source, p, maximum=64),
             nic_bandwidth_bytes_per_s=_unit(parse_bandwidth, g, "nic_bandwidth", source, p),
@@ -174,6 +203,7 @@ def base_cluster_from_dict(data: Any, source: str) -> ClusterSpec:
                                if g.get("host_memory") is not None else None),
             price_per_gpu_hour=get_float(g, "price_per_gpu_hour", source, p, minimum=0.0,
                                          maximum=MAX_PRICE_PER_GPU_HOUR),
+            scale_up_domain_gpus=domain if domain and domain > gpn else None,
         ))
     links = []
     raw_links = data.get("interconnect") or []

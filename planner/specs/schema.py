@@ -7,7 +7,7 @@ same fields and are checked against the loaders' field sets in tests/test_schema
 
 from __future__ import annotations
 
-from .cluster import (MAX_PRICE_PER_GPU_HOUR, REQUIRED_CLUSTER_FIELDS, REQUIRED_GROUP_FIELDS,
+from .cluster import (MAX_PRICE_PER_GPU_HOUR, MAX_SCALE_UP_DOMAIN_GPUS, REQUIRED_CLUSTER_FIELDS, REQUIRED_GROUP_FIELDS,
                       REQUIRED_INTERCONNECT_FIELDS)
 from .hardware import DTYPES, EFF_REQUIRED_FIELDS, PROFILE_REQUIRED_FIELDS
 from .model import NORMALIZATIONS, POSITION_EMBEDDINGS, REQUIRED_MODEL_FIELDS
@@ -86,6 +86,9 @@ GROUP_PROPERTIES = {
     "name": {**NAME, "description": "node group name (stages are placed on groups by name)"},
     "nodes": _int("nodes in this group"),
     "gpus_per_node": _int("GPUs per node"),
+    "scale_up_domain_gpus": _int("GPUs sharing one NVLink fabric across consecutive nodes (trays), a multiple of "
+                                 "gpus_per_node; default gpus_per_node. A GB200 NVL72 rack of 4-GPU trays whose "
+                                 "jobs use 64 of its 72 GPUs: 64") | {"maximum": MAX_SCALE_UP_DOMAIN_GPUS},
     "gpu": {**NAME, "description": "bundled hardware profile name (planner gpus), or a profile YAML path"},
     "nics_per_node": _int("scale-out NICs per node"),
     "nic_bandwidth": {**BANDWIDTH, "description": "line rate of one NIC, e.g. '400 Gb/s'"},
