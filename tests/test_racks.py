@@ -131,8 +131,8 @@ def test_bundled_rack_clusters_and_profiles_load():
 
 def test_search_on_a_domain_is_the_brute_force_optimum():
     """Two 4-GPU nodes in one 8-GPU domain: every bound the search prunes with stays under the
-    estimate (estimate prices a hop between stages of one domain on NVLink; the bounds, which
-    tell stages apart by node, take the least a hop can cost) and the top plan is the optimum."""
+    estimate (both price a hop between stages of one domain on NVLink, by the same rule) and
+    the top plan is the brute-force optimum."""
     from test_search import MODEL, OPTIONS, _brute_force_run, _group
     from planner.search.best_first import search
     g = _group("h100", "h100-sxm-80g", 2, 400)
@@ -160,3 +160,20 @@ def test_emitted_rack_launch_runs_per_tray_and_reads_back(tmp_path):
     c = subprocess.run([sys.executable, "-m", "planner", "check", "--megatron-args", str(scripts[0]), "--model", "llama3-70b",
                         "--cluster", "gb200-nvl72-x4"], capture_output=True, text=True, timeout=300)
     assert c.returncode == 0, c.stdout + c.stderr
+
+
+def test_mixed_racks_and_hopper_pod_plan_across_both():
+    """The bundled GB200-beside-H100 example: a plan may put stages on both kinds, and the #1's
+    estimate, run again from its strategy, gives the same step time the search reported."""
+    from planner.estimate import estimate
+    from planner.library import load_cluster_ref, load_model_ref
+    from planner.search.best_first import search
+    from planner.search.planner import SearchOptions
+    c = load_cluster_ref("gb200-h100-mixed")
+    assert [g.domain_gpus for g in c.node_groups] == [64, 8]
+    assert c.interconnect("gb200", "h100").bandwidth_bytes_per_s == pytest.approx(100e9)
+    m = load_model_ref("llama3-70b")
+    r = search(m, c, SearchOptions(global_batch_size=1024, seq_length=8192, top=1))
+    best = r.plans[0]
+    assert {"gb200", "h100"} <= set(best.strategy.stage_node_groups)
+    assert estimate(m, c, best.strategy).step_time_s == pytest.approx(best.step_time_s, rel=1e-9)
