@@ -177,3 +177,33 @@ def test_mixed_racks_and_hopper_pod_plan_across_both():
     best = r.plans[0]
     assert {"gb200", "h100"} <= set(best.strategy.stage_node_groups)
     assert estimate(m, c, best.strategy).step_time_s == pytest.approx(best.step_time_s, rel=1e-9)
+
+
+def _ep_all_to_all(cluster: str):
+    """The EP all-to-all entry of `planner estimate --json` for the EP64 test launch."""
+    import json, subprocess, sys
+    from pathlib import Path
+    launch = Path(__file__).parent / "fixtures" / "qwen3_235b_ep64.args"
+    r = subprocess.run([sys.executable, "-m", "planner", "estimate", "--cluster", cluster, "--megatron-args", str(launch),
+                        "--json"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    return next(c for c in json.loads(r.stdout)["communication"] if c["axis"] == "ep")
+
+
+def test_ep64_launch_all_to_all_on_nvlink_in_a_rack_and_on_nics_across_hgx_nodes(tmp_path):
+    """Issue 30's check: the same EP64 launch on GB200 NVL72 racks (64-GPU domains) runs its
+    token all-to-all on NVLink, on HGX B200 nodes of 8 on the NICs. Per call, by hand from the
+    profiles: NVLink 5 900 GB/s per direction x scale-up efficiency 0.8; across 8 nodes 56 of 64
+    shares leave through one 400 Gb/s NIC per GPU x network efficiency 0.92."""
+    rack = _ep_all_to_all("gb200-nvl72-x4")
+    assert rack["link"] == "scale-up gb200" and rack["group_size"] == 64
+    per_call = rack["time_s"] / rack["count_per_step"]
+    assert per_call == pytest.approx(rack["bytes"] * 63 / 64 / (900e9 * 0.8) + 3e-6, rel=0.02)
+    hgx = tmp_path / "hgx-b200-x32.yaml"
+    hgx.write_text("name: hgx-b200-x32\nnode_groups:\n  - {name: b200, nodes: 32, gpus_per_node: 8, "
+                   "gpu: b200-sxm-180g, nics_per_node: 8, nic_bandwidth: 400 Gb/s}\n")
+    nodes = _ep_all_to_all(str(hgx))
+    assert nodes["link"].startswith("NICs b200")
+    per_call = nodes["time_s"] / nodes["count_per_step"]
+    assert per_call == pytest.approx(nodes["bytes"] * 56 / 64 / (50e9 * 0.92), rel=0.02)
+    assert per_call > 10 * rack["time_s"] / rack["count_per_step"]
