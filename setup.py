@@ -3,7 +3,7 @@
 The top-level folders hardware_profiles/, model_specs/ and examples/clusters/ are the source of
 truth (an editable install, the tests and the README read them there). An installed wheel has no
 such folders beside the package, so build_py copies their YAML files to planner/_data/ in the
-build tree, where planner/library.py finds them through importlib.resources. MANIFEST.in puts the
+build tree, where planner/bundled.py finds them through importlib.resources. MANIFEST.in puts the
 folders in the sdist, so that a wheel built from the sdist has them too. The rest of the
 metadata is in pyproject.toml.
 """
@@ -20,7 +20,7 @@ HERE = Path(__file__).resolve().parent
 PACKAGE = "planner"
 PACKAGE_DATA = "_data"
 SPEC_PATTERN = "*.yaml"
-# source folder (relative to this file) -> folder under planner/_data/; planner/library.py's
+# source folder (relative to this file) -> folder under planner/_data/; planner/bundled.py's
 # LAYOUT maps the same folders (tests/test_package.py checks the built wheel against it)
 BUNDLED = {
     "hardware_profiles": "hardware_profiles",
@@ -44,7 +44,7 @@ def bundled_files() -> list[tuple[Path, Path]]:
 
 class BuildWithSpecs(build_py):
     """build_py that also copies the bundled specs into the built package. Not in an editable
-    install: there library.py reads the clone's folders, which stay current as they change."""
+    install: there bundled.py reads the clone's folders, which stay current as they change."""
 
     def run(self) -> None:
         super().run()

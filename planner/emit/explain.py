@@ -79,11 +79,16 @@ def strategy_line(e: Estimate) -> str:
             f"recompute={s.recompute_label} zero={s.zero_stage} {s.schedule}")
 
 
+def gpu_use_line(fig) -> str:
+    """'GPUs: 48 of 64 used, 16 idle (h100 32 used, 0 idle; a100 16 used, 16 idle)'."""
+    per = "; ".join(f"{g.name} {g.used} used, {g.idle} idle" for g in fig.groups)
+    return f"GPUs: {fig.gpus_used} of {fig.gpus_used + fig.gpus_idle} used, {fig.gpus_idle} idle ({per})"
+
+
 def render_explain(e: Estimate, console, charge_idle: bool = False) -> None:
     from rich.table import Table
 
     from ..search.objective import figures
-    from .plans import gpu_use_line
     fig = figures(e, charge_idle=charge_idle)
     usd = "" if fig.usd_per_hour is None else (f"; ${fig.usd_per_hour:,.2f} an hour, "
                                                f"${fig.usd_per_million_tokens:.3f} per million tokens")

@@ -28,12 +28,6 @@ def group_use_text(fig: Figures, idle: bool) -> str:
     return " ".join(parts) or "0"
 
 
-def gpu_use_line(fig: Figures) -> str:
-    """'GPUs: 48 of 64 used, 16 idle (h100 32 used, 0 idle; a100 16 used, 16 idle)'."""
-    per = "; ".join(f"{g.name} {g.used} used, {g.idle} idle" for g in fig.groups)
-    return f"GPUs: {fig.gpus_used} of {fig.gpus_used + fig.gpus_idle} used, {fig.gpus_idle} idle ({per})"
-
-
 def tokens_text(n: float) -> str:
     """2e12 -> '2T' (the largest SI suffix that keeps a short mantissa)."""
     for suffix, mult in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):

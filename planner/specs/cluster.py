@@ -11,7 +11,8 @@ from typing import Any
 from ..errors import SpecError
 from ..units import UnitError, parse_bandwidth, parse_size, parse_time
 from ..yamlio import check_fields, get_float, get_int, get_str, load_file
-from .hardware import GPUProfile
+from ..bundled import bundled_profile_names
+from .hardware import GPUProfile, load_bundled_profile, load_profile
 
 # Default NIC latency when the spec gives none: typical one-way RDMA latency of InfiniBand/RoCE
 # through one switch tier is 2-5 us (NVIDIA ConnectX-7 datasheet quotes sub-microsecond adapter
@@ -125,8 +126,6 @@ def _unit(fn, data: dict, key: str, source: str, prefix: str):
 
 def resolve_profile(ref: Any, source: str, fld: str) -> GPUProfile:
     """A bundled profile name, or a relative .yaml path inside the cluster file's folder."""
-    from ..library import bundled_profile_names, load_bundled_profile
-    from .hardware import load_profile
 
     if not isinstance(ref, str) or not ref:
         raise SpecError(source, fld, f"found {ref!r}, expected a hardware profile name")

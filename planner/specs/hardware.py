@@ -7,15 +7,19 @@ knobs of the cost model live in the profile (documented there), never in code.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from ..bundled import bundled_profile_names, find
 from ..errors import SpecError
+from ..inputs import printable
 from ..hashing import hash_once, state_without_hash
 from ..units import UnitError, parse_bandwidth, parse_size, parse_time
-from ..yamlio import check_fields, get_float, get_int, get_str, load_file
+from ..yamlio import check_fields, get_float, get_int, get_str, load_file, suggest
 
-DTYPES = ("fp32", "tf32", "fp16", "bf16", "fp8")
+# fp4: the dense NVFP4 (E2M1 with E4M3 block scales) tensor peak of Blackwell GPUs
+DTYPES = ("fp32", "tf32", "fp16", "bf16", "fp8", "fp4")
 
 
 @dataclass(frozen=True)
@@ -28,6 +32,9 @@ class Efficiency:
     network: float                # NCCL bus bandwidth / NIC line rate
     flash_attention: float        # fused attention throughput / peak (relative to GEMMs)
     matmul_fp8: float | None = None   # large fp8 GEMM throughput / fp8 peak (None: as matmul)
+    # large NVFP4 GEMM throughput / fp4 peak (None: as matmul_fp8, then matmul; no published
+    # training-shape measurement to take it from, so profiles carry matmul_fp8, marked uncertain)
+    matmul_fp4: float | None = None
     # GEMM shape terms (cost/compute.py gemm_efficiency): output tiles of gemm_tile x gemm_tile
     # elements (work on a partial tile is wasted), and a fixed pipeline fill + epilogue per tile
     # worth gemm_k_fill elements of the K loop
@@ -79,7 +86,7 @@ PROFILE_REQUIRED_FIELDS = {"name", "memory", "memory_bandwidth", "peak_tflops", 
                            "pcie_bandwidth", "cuda_context", "nccl_memory_per_communicator",
                            "fragmentation_fraction", "compute_capability", "efficiency"}
 EFF_FIELDS = {"matmul", "memory_bandwidth", "kernel_overhead", "scale_up", "network", "flash_attention",
-              "matmul_fp8", "gemm_tile", "gemm_k_fill", "host_launch_overhead"}
+              "matmul_fp8", "matmul_fp4", "gemm_tile", "gemm_k_fill", "host_launch_overhead"}
 EFF_REQUIRED_FIELDS = {"matmul", "memory_bandwidth", "kernel_overhead", "scale_up", "network", "flash_attention"}
 
 
@@ -108,6 +115,9 @@ def profile_from_dict(data: Any, source: str) -> GPUProfile:
     if "fp8" in peak_flops and "bf16" not in peak_flops:
         raise SpecError(source, "peak_tflops.bf16", "an fp8 peak without a bf16 peak; expected a bf16 peak too "
                         "(every fp8 GPU has one, and fp8 runs price attention with it)")
+    if "fp4" in peak_flops and "fp8" not in peak_flops:
+        raise SpecError(source, "peak_tflops.fp8", "an fp4 peak without an fp8 peak; expected an fp8 peak too "
+                        "(every GPU with NVFP4 tensor cores has fp8 ones, Blackwell and later)")
     uncertain_extra: list[str] = []
     if "fp16" not in peak_flops:
         # tensor cores run fp16 at the bf16 rate on every GPU that has both (A100, H100, MI300X, ...)
@@ -123,6 +133,7 @@ def profile_from_dict(data: Any, source: str) -> GPUProfile:
         network=get_float(eff, "network", source, "efficiency", minimum=0.01, maximum=1.0),
         flash_attention=get_float(eff, "flash_attention", source, "efficiency", minimum=0.01, maximum=1.0),
         matmul_fp8=get_float(eff, "matmul_fp8", source, "efficiency", minimum=0.01, maximum=1.0),
+        matmul_fp4=get_float(eff, "matmul_fp4", source, "efficiency", minimum=0.01, maximum=1.0),
         gemm_tile=get_int(eff, "gemm_tile", source, "efficiency", default=128, minimum=1, maximum=1024),
         gemm_k_fill=get_int(eff, "gemm_k_fill", source, "efficiency", default=0, minimum=0, maximum=100_000),
         host_launch_overhead_s=(_unit(parse_time, eff, "host_launch_overhead", source, "efficiency.")
@@ -154,3 +165,19 @@ def profile_from_dict(data: Any, source: str) -> GPUProfile:
 
 def load_profile(path: str | Path) -> GPUProfile:
     return profile_from_dict(load_file(path), str(path))
+
+
+def load_bundled_profile(name: str) -> GPUProfile:
+    """The GPU profile `name` (a cluster YAML names its GPUs so), the user's before the bundled."""
+    path = find("profile", name)
+    if path is None:
+        names = bundled_profile_names()
+        raise SpecError(printable(name), None, f"no GPU profile of that name{suggest(name, names)}; "
+                        f"expected one of: {', '.join(names)}")
+    return _load_profile_cached(path)
+
+
+@lru_cache(maxsize=None)
+def _load_profile_cached(path: Path) -> GPUProfile:
+    """Cached by path, not name: a user's profile of a bundled name is a different file."""
+    return load_profile(path)

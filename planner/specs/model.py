@@ -10,7 +10,6 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from functools import cached_property
-from pathlib import Path
 from typing import Any
 
 from ..errors import SpecError
@@ -262,13 +261,9 @@ def parse_moe_layer_freq(value: Any, num_layers: int, source: str, fld: str = "m
     raise SpecError(source, fld, f"found {value!r}, expected an int, a 0/1 list or '([0]*k+[1]*n)'")
 
 
-def model_from_dict(data: Any, source: str) -> ModelSpec:
-    check_fields(data, source, "", MODEL_FIELDS, REQUIRED_MODEL_FIELDS)
-    name = get_str(data, "name", source)
-    L = get_int(data, "num_layers", source, maximum=MAX_LAYERS)
-    h = get_int(data, "hidden_size", source, maximum=MAX_WIDTH)
+def _attention_fields(data: dict, source: str, h: int) -> dict:
+    """Heads, query groups (GQA) and head width, Megatron's default kv_channels = h / heads."""
     a = get_int(data, "num_attention_heads", source, maximum=MAX_WIDTH)
-    V = get_int(data, "vocab_size", source, maximum=100_000_000)
     g = get_int(data, "num_query_groups", source, default=a, maximum=MAX_WIDTH)
     if a % g != 0:
         raise SpecError(source, "num_query_groups",
@@ -280,20 +275,11 @@ def model_from_dict(data: Any, source: str) -> ModelSpec:
                             f"found {h}, not divisible by num_attention_heads ({a}); "
                             "set kv_channels explicitly")
         kv = h // a
-    swiglu = get_bool(data, "swiglu", source, default=False)
-    ffn = get_int(data, "ffn_hidden_size", source, maximum=10 * MAX_WIDTH)
-    if ffn is None:
-        # Megatron's default (arguments.py validate_args): 4h, or int(8h/3 / 64) * 64 with SwiGLU.
-        ffn = int((4 * h * 2 / 3) / 64) * 64 if swiglu else 4 * h
-    max_pos = get_int(data, "max_position_embeddings", source, default=None, maximum=100_000_000)
-    num_experts = get_int(data, "num_experts", source, maximum=100_000)
-    topk = get_int(data, "moe_router_topk", source, default=2, maximum=100_000)
-    moe_ffn = get_int(data, "moe_ffn_hidden_size", source, maximum=10 * MAX_WIDTH)
-    shared = get_int(data, "moe_shared_expert_intermediate_size", source, maximum=10 * MAX_WIDTH)
-    cf = get_float(data, "moe_capacity_factor", source, minimum=0.01, maximum=1000.0)
-    n_groups = get_int(data, "moe_router_num_groups", source, maximum=100_000)
-    group_topk = get_int(data, "moe_router_group_topk", source, maximum=100_000)
-    mtp = get_int(data, "mtp_num_layers", source, default=0, minimum=0, maximum=MAX_LAYERS)
+    return {"num_attention_heads": a, "num_query_groups": g, "kv_channels": kv}
+
+
+def _window_fields(data: dict, source: str, L: int) -> dict:
+    """Sliding-window attention: the window and which layers use it."""
     window = get_int(data, "window_size", source, maximum=100_000_000)
     full_pattern: tuple[int, ...] = ()
     if data.get("window_attn_skip_freq") is not None:
@@ -306,8 +292,19 @@ def model_from_dict(data: Any, source: str) -> ModelSpec:
             full_pattern = tuple(0 if (i + 1) % skip == 0 else 1 for i in range(L))
         else:
             full_pattern = parse_moe_layer_freq(skip, L, source, fld="window_attn_skip_freq")
-    vocab_multiple = get_int(data, "make_vocab_size_divisible_by", source, default=MAKE_VOCAB_SIZE_DIVISIBLE_BY,
-                             minimum=1, maximum=1_000_000)
+    return {"window_size": window, "window_attention_pattern": full_pattern}
+
+
+def _moe_fields(data: dict, source: str, L: int, ffn: int) -> dict:
+    """Experts, routing (top-k, group-limited routing), expert and shared-expert widths, which
+    layers are MoE; on a dense model every MoE field is refused."""
+    num_experts = get_int(data, "num_experts", source, maximum=100_000)
+    topk = get_int(data, "moe_router_topk", source, default=2, maximum=100_000)
+    moe_ffn = get_int(data, "moe_ffn_hidden_size", source, maximum=10 * MAX_WIDTH)
+    shared = get_int(data, "moe_shared_expert_intermediate_size", source, maximum=10 * MAX_WIDTH)
+    cf = get_float(data, "moe_capacity_factor", source, minimum=0.01, maximum=1000.0)
+    n_groups = get_int(data, "moe_router_num_groups", source, maximum=100_000)
+    group_topk = get_int(data, "moe_router_group_topk", source, maximum=100_000)
     pattern: tuple[int, ...] = ()
     if num_experts is not None:
         if (n_groups is None) != (group_topk is None):
@@ -331,21 +328,51 @@ def model_from_dict(data: Any, source: str) -> ModelSpec:
                     "moe_capacity_factor", "moe_router_num_groups", "moe_router_group_topk"):
             if data.get(fld) is not None:
                 raise SpecError(source, fld, "set, but num_experts is not: expected num_experts for a MoE model")
+    return {"num_experts": num_experts, "moe_router_topk": topk if num_experts else 2,
+            "moe_ffn_hidden_size": moe_ffn, "moe_shared_expert_intermediate_size": shared,
+            "moe_layer_pattern": pattern, "moe_capacity_factor": cf,
+            "moe_router_num_groups": n_groups if num_experts else None,
+            "moe_router_group_topk": group_topk if num_experts else None}
+
+
+def _mla_fields(data: dict, source: str) -> dict:
+    """Multi-latent attention (DeepSeek): its low-rank and head widths, required when it is on."""
     mla = get_bool(data, "multi_latent_attention", source, default=False)
-    mla_fields = {}
-    for fld in ("q_lora_rank", "kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim"):
-        mla_fields[fld] = get_int(data, fld, source, maximum=MAX_WIDTH)
+    fields = {fld: get_int(data, fld, source, maximum=MAX_WIDTH)
+              for fld in ("q_lora_rank", "kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim")}
     if mla:
         for fld in ("kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim"):
-            if mla_fields[fld] is None:
+            if fields[fld] is None:
                 raise SpecError(source, fld, "required when multi_latent_attention is true")
+    return {"multi_latent_attention": mla, **fields}
+
+
+def model_from_dict(data: Any, source: str) -> ModelSpec:
+    check_fields(data, source, "", MODEL_FIELDS, REQUIRED_MODEL_FIELDS)
+    name = get_str(data, "name", source)
+    L = get_int(data, "num_layers", source, maximum=MAX_LAYERS)
+    h = get_int(data, "hidden_size", source, maximum=MAX_WIDTH)
+    V = get_int(data, "vocab_size", source, maximum=100_000_000)
+    attention = _attention_fields(data, source, h)
+    swiglu = get_bool(data, "swiglu", source, default=False)
+    ffn = get_int(data, "ffn_hidden_size", source, maximum=10 * MAX_WIDTH)
+    if ffn is None:
+        # Megatron's default (arguments.py validate_args): 4h, or int(8h/3 / 64) * 64 with SwiGLU.
+        ffn = int((4 * h * 2 / 3) / 64) * 64 if swiglu else 4 * h
+    max_pos = get_int(data, "max_position_embeddings", source, default=None, maximum=100_000_000)
+    mtp = get_int(data, "mtp_num_layers", source, default=0, minimum=0, maximum=MAX_LAYERS)
+    window = _window_fields(data, source, L)
+    vocab_multiple = get_int(data, "make_vocab_size_divisible_by", source, default=MAKE_VOCAB_SIZE_DIVISIBLE_BY,
+                             minimum=1, maximum=1_000_000)
+    moe = _moe_fields(data, source, L, ffn)
+    mla = _mla_fields(data, source)
     pos = get_str(data, "position_embedding_type", source, default="learned_absolute",
                   choices=POSITION_EMBEDDINGS)
     if max_pos is None:
         max_pos = 4096 if pos != "learned_absolute" else 2048
     return ModelSpec(
-        name=name, num_layers=L, hidden_size=h, num_attention_heads=a, vocab_size=V,
-        num_query_groups=g, kv_channels=kv, ffn_hidden_size=ffn, swiglu=swiglu,
+        name=name, num_layers=L, hidden_size=h, vocab_size=V, **attention,
+        ffn_hidden_size=ffn, swiglu=swiglu,
         normalization=get_str(data, "normalization", source, default="LayerNorm", choices=NORMALIZATIONS),
         untie_embeddings_and_output_weights=get_bool(data, "untie_embeddings_and_output_weights", source),
         position_embedding_type=pos, max_position_embeddings=max_pos,
@@ -354,23 +381,7 @@ def model_from_dict(data: Any, source: str) -> ModelSpec:
         qk_layernorm=get_bool(data, "qk_layernorm", source, default=False),
         attention_dropout=get_float(data, "attention_dropout", source, default=0.1, maximum=1.0),
         hidden_dropout=get_float(data, "hidden_dropout", source, default=0.1, maximum=1.0),
-        num_experts=num_experts, moe_router_topk=topk if num_experts else 2,
-        moe_ffn_hidden_size=moe_ffn, moe_shared_expert_intermediate_size=shared,
-        moe_layer_pattern=pattern, moe_capacity_factor=cf, multi_latent_attention=mla,
-        moe_router_num_groups=n_groups if num_experts else None,
-        moe_router_group_topk=group_topk if num_experts else None, mtp_num_layers=mtp, window_size=window,
-        window_attention_pattern=full_pattern,
+        **moe, mtp_num_layers=mtp, **window, **mla,
         make_vocab_size_divisible_by=vocab_multiple,
-        source=get_str(data, "source", source, default="") or "", origin=source, **mla_fields,
+        source=get_str(data, "source", source, default="") or "", origin=source,
     )
-
-
-def load_model(path: str | Path) -> ModelSpec:
-    """Load a model YAML, or a Hugging Face config.json (detected by its field names)."""
-    from ..yamlio import load_file
-    from .hf import is_hf_config, model_from_hf
-
-    data = load_file(path)
-    if is_hf_config(data):
-        return model_from_hf(data, str(path))
-    return model_from_dict(data, str(path))
