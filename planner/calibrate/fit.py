@@ -30,9 +30,9 @@ from ..specs.calibration import Calibration, Key, Source, Value, all_keys, forma
 from .fit_logs import (FLOPS_AGREEMENT, JACOBIAN_STEP, MAX_REL_STDERR, MAX_RESIDUAL_AT_BOUND,  # noqa: F401
                        MODEL_TIME_ERROR, LogCase, LogInput, fit_logs, log_case, log_date, step_time)
 from .fit_memory import fit_memory
-from .fit_model import LEVEL_ORDER, MIN_BUS_OVER_LINE_RATE, busbw_factor, cluster_with, model_time  # noqa: F401
+from .fit_model import LEVEL_ORDER, MIN_BUS_OVER_LINE_RATE, busbw_factor, cluster_with  # noqa: F401
 from .fit_nccl import (BUSBW_FACTOR_TOLERANCE, LARGE_MESSAGE_BYTES, LATENCY_REGIME_BANDWIDTH_SHARE,  # noqa: F401
-                       NCCL_ALTERNATIONS, NcclCase, NcclInput, fit_nccl, model_busbw, nccl_cases)
+                       NCCL_ALTERNATIONS, NcclCase, NcclInput, fit_nccl, model_busbw, model_time, nccl_cases)
 
 
 @dataclass

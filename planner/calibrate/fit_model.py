@@ -1,18 +1,13 @@
 """The pieces every fit of planner.calibrate.fit shares: the planner's own model run on a
-cluster with some calibration parameters changed, nccl-tests' bus bandwidth factor, the model's
-time for an nccl-tests collective, and the 1-D solve for the attained bandwidth that matches a
-measured time.
+cluster with some calibration parameters changed, nccl-tests' bus bandwidth factor, and the
+1-D solve for the attained bandwidth that matches a measured time.
 """
 
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
 
 from ..specs.calibration import MAX_BUS_OVER_LINE_RATE, Calibration, Key, Value, apply_calibration, line_rate
-
-if TYPE_CHECKING:
-    from .fit_nccl import NcclCase
 
 # Lower end of the bandwidth search, as a fraction of the line rate: slower is a broken fabric.
 MIN_BUS_OVER_LINE_RATE = 1e-4
@@ -35,19 +30,6 @@ def busbw_factor(kind: str, n: int) -> float:
     if kind in ("all-gather", "reduce-scatter", "all-to-all"):
         return (n - 1) / n
     return 1.0
-
-
-def model_time(cluster, case: NcclCase, size: float) -> float:
-    """Seconds the planner's communication model gives for this nccl-tests collective: the
-    one place that calls into planner/cost/comm.py."""
-    from ..cost.comm import collective_time, group_link, p2p_link
-    gs = [cluster.group(n) for n in case.groups]
-    if case.kind == "send-recv":
-        # sendrecv_perf: every rank sends to the next; the pair that crosses nodes sets the time
-        return collective_time("send-recv", size, 2, p2p_link(gs[0], gs[-1], case.nodes == 1, cluster))
-    G = min(g.gpus_per_node for g in gs)
-    link = group_link(gs, case.ranks, G // case.gpus_per_node, cluster)
-    return collective_time(case.kind, size, case.ranks, link)
 
 
 def solve_bandwidth(base, values: dict, key: Key, fn, t_meas: float) -> tuple[float | None, str]:

@@ -17,7 +17,7 @@ from statistics import median
 from ..errors import SpecError
 from ..specs.calibration import (MAX_BUS_OVER_LINE_RATE, MAX_LATENCY_S, Calibration, Key, Source, Value,
                                  apply_calibration, current_value, line_rate)
-from .fit_model import (LEVEL_ORDER, MIN_BUS_OVER_LINE_RATE, busbw_factor, cluster_with, model_time,
+from .fit_model import (LEVEL_ORDER, MIN_BUS_OVER_LINE_RATE, busbw_factor, cluster_with,
                         solve_bandwidth)
 from .nccl_tests import COLLECTIVES, UNSUPPORTED, NcclFile, Table, collective_of, parse_nccl
 from .robust import geometric_mean
@@ -75,6 +75,19 @@ class NcclCase:
         if self.bw_key.scope == "interconnect":
             return f"interconnect {self.bw_key.target.replace(',', '-')}"
         return ("scale-up " if self.bw_key.field.startswith("scale_up") else "scale-out ") + self.bw_key.target
+
+
+def model_time(cluster, case: NcclCase, size: float) -> float:
+    """Seconds the planner's communication model gives for this nccl-tests collective: the
+    one place that calls into planner/cost/comm.py."""
+    from ..cost.comm import collective_time, group_link, p2p_link
+    gs = [cluster.group(n) for n in case.groups]
+    if case.kind == "send-recv":
+        # sendrecv_perf: every rank sends to the next; the pair that crosses nodes sets the time
+        return collective_time("send-recv", size, 2, p2p_link(gs[0], gs[-1], case.nodes == 1, cluster))
+    G = min(g.gpus_per_node for g in gs)
+    link = group_link(gs, case.ranks, G // case.gpus_per_node, cluster)
+    return collective_time(case.kind, size, case.ranks, link)
 
 
 def nccl_cases(inp: NcclInput, base) -> list[NcclCase]:
