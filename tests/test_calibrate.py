@@ -581,3 +581,22 @@ def test_out_is_replaced_only_with_force_and_only_when_calibrate_wrote_it(tmp_pa
     refused = cli("calibrate", *EXAMPLE_ARGS, "--out", str(mine), "--force")
     assert refused.returncode == 2 and "not written by planner calibrate" in refused.stderr
     assert mine.read_text() == "name: my notes\n"
+
+
+def test_nccl_across_the_trays_of_one_rack_measures_nvlink(tmp_path):
+    """On an NVL72 rack described as 4-GPU trays in one 64-GPU NVLink domain, an all-reduce over
+    16 trays stays in the domain: it measures the scale-up level (NVLink); one across two racks
+    measures the NICs (scale-out)."""
+    f = write(tmp_path / "all_reduce_perf_16n.txt",
+              nccl_output("all_reduce", 16, 4, 500, 20, device="NVIDIA GB200"))
+    rc, doc, out = run(tmp_path, nccl=[(f, 16)], cluster="gb200-nvl72-x4")
+    assert rc == 0
+    (t,) = doc["nccl_tests"]
+    assert t["level"] == "scale-up gb200" and t["ranks"] == 64
+    assert t["measured_busbw_bytes_per_s"] == pytest.approx(500e9, rel=0.02)
+    f2 = write(tmp_path / "all_reduce_perf_32n.txt",
+               nccl_output("all_reduce", 32, 4, 40, 30, device="NVIDIA GB200"))
+    rc, doc, out = run(tmp_path, nccl=[(f2, 32)], cluster="gb200-nvl72-x4", out="cal2.yaml")
+    assert rc == 0
+    (t,) = doc["nccl_tests"]
+    assert t["level"] == "scale-out gb200" and t["ranks"] == 128

@@ -1,8 +1,8 @@
 """Fitting link bandwidths and latencies to nccl-tests output.
 
-Per table, the link level it exercises (one node: scale-up of its node group; N nodes of one
-group: that group's scale-out; two groups: their interconnect); the table is checked against
-the node counts given (hosts, ranks, busbw / algbw). Per large message (>= LARGE_MESSAGE_BYTES)
+Per table, the link level it exercises (one node, or the nodes of one scale-up domain: scale-up
+of its node group; more nodes of one group: that group's scale-out; two groups: their
+interconnect); the table is checked against the node counts given (hosts, ranks, busbw / algbw). Per large message (>= LARGE_MESSAGE_BYTES)
 the attained bandwidth at which the model's time for that collective equals the measured one
 (1-D root finding); a table's value is the median, a level's the geometric mean of its tables
 (least squares in log space). Latency likewise from the small messages, where the bandwidth
@@ -84,7 +84,8 @@ def model_time(cluster, case: NcclCase, size: float) -> float:
     gs = [cluster.group(n) for n in case.groups]
     if case.kind == "send-recv":
         # sendrecv_perf: every rank sends to the next; the pair that crosses nodes sets the time
-        return collective_time("send-recv", size, 2, p2p_link(gs[0], gs[-1], case.nodes == 1, cluster))
+        in_domain = len(gs) == 1 and case.nodes <= gs[0].nodes_per_domain
+        return collective_time("send-recv", size, 2, p2p_link(gs[0], gs[-1], in_domain, cluster))
     G = min(g.gpus_per_node for g in gs)
     link = group_link(gs, case.ranks, G // case.gpus_per_node, cluster)
     return collective_time(case.kind, size, case.ranks, link)
@@ -156,7 +157,9 @@ def nccl_cases(inp: NcclInput, base) -> list[NcclCase]:
         if g_per_node > G or G % g_per_node:
             raise SpecError("--nccl-gpus-per-node", None, f"{inp.path}: found {g_per_node}, expected a divisor "
                             f"of the node group's {G} GPUs per node")
-        if inp.nodes == 1 and len(groups) == 1:
+        # within one scale-up domain (a node, or the trays of one NVL72 rack: torchrun's
+        # consecutive nodes) a collective runs on NVLink: it measures the scale-up level
+        if len(groups) == 1 and inp.nodes <= gs[0].nodes_per_domain:
             bw_key, lat_key = (Key("node_groups", groups[0], "scale_up_bus_bandwidth"),
                                Key("node_groups", groups[0], "scale_up_latency"))
         elif len(groups) == 1:
