@@ -7,12 +7,12 @@ would build (degrees from `enumerate_space`, stage placements from `stage_layout
 vpp, recompute none / selective / full and block k, ZeRO 0/1/3, bf16 / fp8), valid ones only
 (`check_structure` passes), prices each with `estimate` on several layer splits (the search's
 starting split and random valid ones), and asserts, with test_search's own helpers
-(`_assert_bounds`, `_assert_peak_bounds`):
+(`assert_bounds`, `assert_peak_bounds`):
 
-- step time: `_Bounds.family`, `cell`, `children` and `candidate` (`block_candidate`'s terms for a
+- step time: `Bounds.family`, `cell`, `children` and `candidate` (`block_candidate`'s terms for a
   block-recompute k, on its own split) are <= the estimated step time; `candidate` with the layer
   caps of the memory screen too, when the plan fits;
-- memory: `_memory_screen`'s and `FamilyScreen`'s peak lower bounds are <= the estimated peak,
+- memory: `memory_screen`'s and `FamilyScreen`'s peak lower bounds are <= the estimated peak,
   and neither screen rules out a strategy whose estimate fits; the same with the memory model's
   margin (`with_margin`, the safe-by-default search) for a strategy every stage of which fits
   with margin.
@@ -26,8 +26,8 @@ dimension of the draw exercises:
 - model family: dense (llama3-8b: compute, TP / SP collectives, PP hops, DP / optimizer after
   the step); MoE (mixtral-8x7b: the MoE layer schedule `moe_layer_floor` against `ep_cost`, EP
   all-to-alls, expert-TP folding, expert DP in `after_step`, expert bytes in the screens); MLA +
-  dense-first MoE (scaled-down deepseek-v3: MLA FLOPs / bytes, `_mixed_floor`, `dense_ranks`,
-  `_mixed_count_minmax`, the MoE-only ranks' bytes in `_memory_screen`, the MTP layer on the last
+  dense-first MoE (scaled-down deepseek-v3: MLA FLOPs / bytes, `mixed_floor`, `dense_ranks`,
+  `mixed_count_minmax`, the MoE-only ranks' bytes in `memory_screen`, the MTP layer on the last
   stage); CP at long sequence (llama3-8b at 16k-32k: `cp_ring_step` / `cp_layer_exposed_s`, CP's
   share of activations and of the DP group);
 - tp > 1: `tp_layer_exposed_s` (with selective / full recompute, the recomputed all-gathers);
@@ -77,16 +77,18 @@ from hypothesis import HealthCheck, assume, given, settings, strategies as st
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))   # test_search's helpers, importable as is
 
-from test_search import _assert_bounds, _assert_peak_bounds   # noqa: E402
+from test_search import assert_bounds, assert_peak_bounds   # noqa: E402
 
 from planner.cost.compute import optimizer_time   # noqa: E402
 from planner.errors import InvalidStrategy   # noqa: E402
 from planner.estimate import estimate, time_key   # noqa: E402
 from planner.library import load_cluster_ref, load_model_ref   # noqa: E402
-from planner.search.bounds import _Bounds   # noqa: E402
+from planner.search.bounds import Bounds   # noqa: E402
 from planner.search.family_screen import FamilyScreen   # noqa: E402
-from planner.search.planner import (MICRO_BATCHES, VPP_CHOICES, GpuBudget, SearchOptions, _initial_split,   # noqa: E402
-                                    _memory_screen, enumerate_space, stage_layouts, with_split)
+from planner.search.planner import (MICRO_BATCHES, VPP_CHOICES, GpuBudget, SearchOptions,   # noqa: E402
+                                    enumerate_space, stage_layouts)
+from planner.search.screen import memory_screen   # noqa: E402
+from planner.search.split import initial_split, with_split   # noqa: E402
 from planner.specs.cluster import cluster_from_dict   # noqa: E402
 from planner.strategy import Strategy, check_structure   # noqa: E402
 
@@ -191,7 +193,7 @@ def _case(draw):
                  schedule="interleaved" if vpp > 1 else "1f1b",
                  stage_node_groups=groups if cluster.is_heterogeneous else None,
                  overlap_grad_reduce=True, overlap_param_gather=z >= 1)
-    valid, start = _initial_split(model, cluster, s, groups, uneven)
+    valid, start = initial_split(model, cluster, s, groups, uneven)
     assume(valid)
     rng = random.Random(draw(st.integers(0, 2 ** 32 - 1)))
     randoms = [_random_split(rng, model.num_layers, pp, vpp, uneven) for _ in range(2)]
@@ -199,7 +201,7 @@ def _case(draw):
     block = None
     if rec == "full" and draw(st.booleans()):
         # block recompute: k fully recomputed layers per chunk, on the search's even starting split
-        ok, bsplit = _initial_split(model, cluster, s, groups, uneven=False)
+        ok, bsplit = initial_split(model, cluster, s, groups, uneven=False)
         per_chunk = min(bsplit or s.stage_layers(model)) // vpp if ok else 0
         if per_chunk > 1:
             block = (draw(st.integers(1, per_chunk - 1)), bsplit)
@@ -215,8 +217,8 @@ def _assert_margin_screens(model, cluster, s, e, uneven, budget):
     never rule out a strategy every stage of which fits with margin."""
     if not _fits_with_margin(e):
         return
-    bounds = _Bounds(model, cluster)
-    may_fit, n_max, _ = _memory_screen(model, cluster, s, uneven=uneven, dense_reach=bounds.dense_ranks(s.pp, s.vpp),
+    bounds = Bounds(model, cluster)
+    may_fit, n_max, _ = memory_screen(model, cluster, s, uneven=uneven, dense_reach=bounds.dense_ranks(s.pp, s.vpp),
                                        with_margin=True)
     assert may_fit, s
     if s.recompute_num_layers is None:
@@ -237,15 +239,15 @@ def _assert_margin_screens(model, cluster, s, e, uneven, budget):
 
 def _check(model, cluster, budget, s, e, uneven):
     """Every bound of test_search's brute force, for one priced strategy."""
-    bounds = _Bounds(model, cluster)
+    bounds = Bounds(model, cluster)
     if s.recompute_num_layers is None:
-        _assert_bounds(bounds, cluster, s, s, e, budget=budget)
+        assert_bounds(bounds, cluster, s, s, e, budget=budget)
     else:   # a block-recompute candidate: the plain costs plus its recompute (block_candidate)
         groups = s.stage_node_groups or (cluster.node_groups[0].name,) * s.pp
         plain = s.with_(recompute="none", recompute_num_layers=None)
-        _assert_bounds(bounds, cluster, s, plain, e, bounds.recompute_extra(s, groups), budget)
+        assert_bounds(bounds, cluster, s, plain, e, bounds.recompute_extra(s, groups), budget)
         assert bounds.block_candidate(s, groups) <= e.step_time_s * (1 + 1e-9), s
-    _assert_peak_bounds(model, cluster, s, e, uneven, budget)
+    assert_peak_bounds(model, cluster, s, e, uneven, budget)
     _assert_margin_screens(model, cluster, s, e, uneven, budget)
 
 
@@ -368,7 +370,7 @@ def _first(model, cluster, seq, gbs, want, rec="selective", z=1):
                      seq_length=seq, recompute=rec, sequence_parallel=tp > 1, zero_stage=z,
                      stage_node_groups=groups if cluster.is_heterogeneous else None,
                      overlap_grad_reduce=True, overlap_param_gather=z >= 1)
-        valid, split = _initial_split(model, cluster, s, groups, True)
+        valid, split = initial_split(model, cluster, s, groups, True)
         s = with_split(s, split)
         if valid and _priced(model, cluster, s) is not None:
             return s
@@ -392,9 +394,9 @@ def _measure(model, cluster, s) -> dict:
     """The estimate and the bounds of one strategy, after checking every bound against it."""
     e = estimate(model, cluster, s)
     _check(model, cluster, GpuBudget(), s, e, True)
-    bounds = _Bounds(model, cluster)
+    bounds = Bounds(model, cluster)
     groups = s.stage_node_groups or (cluster.node_groups[0].name,) * s.pp
-    _, _, peak_lb = _memory_screen(model, cluster, s, uneven=True, dense_reach=bounds.dense_ranks(s.pp, s.vpp))
+    _, _, peak_lb = memory_screen(model, cluster, s, uneven=True, dense_reach=bounds.dense_ranks(s.pp, s.vpp))
     return {"step": e.step_time_s, "candidate": bounds.candidate(s, time_key(s), groups),
             "peak": max(mem.total for mem in e.memory), "peak_lb": peak_lb}
 
@@ -417,7 +419,7 @@ def _measure(model, cluster, s) -> dict:
 #   CP case's DP group of 32 ranks across the H100-A100 spine: not there);
 def _reaches(term: str, s: Strategy, model, cluster) -> bool:
     if term == "optimizer_time":
-        b = _Bounds(model, cluster)
+        b = Bounds(model, cluster)
         params, step_bytes, dp = b._after_terms(s, s.zero_stage)
         names = set(s.stage_node_groups or (cluster.node_groups[0].name,))
         least = min(optimizer_time(params / s.pp, cluster.group(g).gpu, step_bytes) for g in names)

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from planner.cost.moe_schedule import (A2A, NO_A2A, MoENodes, ScheduleNode, layer_period_s, moe_layer_floor_s,
                                         moe_layer_seconds)
-from planner.estimate import _layer_time, _time_key
+from planner.estimate import layer_time_of, time_key
 from planner.library import load_cluster_ref, load_model_ref
 from planner.megatron.launch import parse_text
 from planner.megatron.rules import megatron_violations
@@ -137,7 +137,7 @@ def test_units_add_up_to_the_layer():
     gpu = load_cluster_ref("dgx-h100-x32").node_groups[0].gpu
     s = Strategy(tp=2, pp=8, dp=16, ep=32, etp=1, vpp=4, micro_batch_size=1, global_batch_size=2048,
                  seq_length=4096, sequence_parallel=True, precision="fp8")
-    lt = _layer_time(model, _time_key(s), gpu, True)
+    lt = layer_time_of(model, time_key(s), gpu, True)
     n = lt.moe_nodes
     units = (n.pre, n.experts, n.post)
     assert sum(u.forward_s for u in units) == pytest.approx(lt.forward)
@@ -147,7 +147,7 @@ def test_units_add_up_to_the_layer():
     assert sum(u.host_backward_s for u in units) == pytest.approx(lt.host_backward)
     free_host = MoENodes(*(ScheduleNode(u.forward_s, u.backward_s, u.weight_s, 0.0, 0.0) for u in units), 0.0, True)
     assert sum(moe_layer_seconds(free_host, NO_A2A, False, False, 0.0)) == pytest.approx(lt.total)
-    full = _layer_time(model, _time_key(s.with_(recompute="full")), gpu, True)
+    full = layer_time_of(model, time_key(s.with_(recompute="full")), gpu, True)
     units = (full.moe_nodes.pre, full.moe_nodes.experts, full.moe_nodes.post)
     free_host = MoENodes(*(ScheduleNode(u.forward_s, u.backward_s, u.weight_s, 0.0, 0.0) for u in units), 0.0, True)
     assert sum(moe_layer_seconds(free_host, NO_A2A, False, False, 0.0, rerun=True, full_recompute=True)) \
@@ -202,7 +202,7 @@ def test_grouped_linear_issues_one_gemm_per_local_expert(precision, per_expert):
     gpu = load_cluster_ref("dgx-h100-x32").node_groups[0].gpu
     base = Strategy(tp=1, pp=1, dp=16, ep=8, micro_batch_size=1, global_batch_size=256, seq_length=4096,
                     precision=precision)
-    host = {ep: _layer_time(model, _time_key(base.with_(ep=ep)), gpu, True).host_forward for ep in (8, 16)}
+    host = {ep: layer_time_of(model, time_key(base.with_(ep=ep)), gpu, True).host_forward for ep in (8, 16)}
     assert host[8] - host[16] == pytest.approx(2 * 8 * per_expert * gpu.efficiency.host_launch_overhead_s)
 
 

@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from planner.megatron.launch import parse_text
 from planner.emit.report import estimate_to_dict
 from planner.errors import PlannerError, SpecError
-from planner.estimate import _layer_time, _time_key, estimate
+from planner.estimate import layer_time_of, time_key, estimate
 from planner.library import load_cluster_ref, load_model_ref
 from planner.specs.model import model_from_dict
 from planner.strategy import Strategy
@@ -56,7 +56,7 @@ def test_step_time_never_beats_compute_and_json_is_deterministic(tp, pp, mbs, re
                  seq_length=2048, recompute=rec, zero_stage=z)
     e = estimate(LLAMA, CLUSTER, s)
     gpu = CLUSTER.node_groups[0].gpu
-    per_layer = _layer_time(LLAMA, _time_key(s), gpu, False).total
+    per_layer = layer_time_of(LLAMA, time_key(s), gpu, False).total
     bound = per_layer * (LLAMA.num_layers / pp) * s.num_microbatches
     assert e.step_time_s >= bound * (1 - 1e-9)
     a = json.dumps(estimate_to_dict(e), sort_keys=True)

@@ -133,12 +133,12 @@ def test_search_on_a_domain_is_the_brute_force_optimum():
     """Two 4-GPU nodes in one 8-GPU domain: every bound the search prunes with stays under the
     estimate (both price a hop between stages of one domain on NVLink, by the same rule) and
     the top plan is the brute-force optimum."""
-    from test_search import MODEL, OPTIONS, _brute_force_run, _group
+    from test_search import MODEL, OPTIONS, brute_force_run, group_dict
     from planner.search.best_first import search
-    g = _group("h100", "h100-sxm-80g", 2, 400)
+    g = group_dict("h100", "h100-sxm-80g", 2, 400)
     g["scale_up_domain_gpus"] = 8
     cluster = cluster_from_dict({"name": "h100-2x4-domain", "node_groups": [g]}, "test")
-    best, n_fit, n_all, _ = _brute_force_run(MODEL, cluster, OPTIONS)
+    best, n_fit, n_all, _ = brute_force_run(MODEL, cluster, OPTIONS)
     assert 0 < n_fit < n_all
     r = search(MODEL, cluster, OPTIONS)
     assert r.plans[0].step_time_s == pytest.approx(best.step_time_s, rel=1e-9)

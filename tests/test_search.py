@@ -10,14 +10,17 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from planner.cost.memory import stage_memory
-from planner.estimate import _time_key, estimate
+from planner.estimate import time_key, estimate
 from planner.library import load_bundled_profile, load_model_ref
 from planner.placement import placement_of
 from planner.errors import InvalidStrategy
 from planner.search.family_screen import FamilyScreen
-from planner.search.planner import (MICRO_BATCHES, VPP_CHOICES, GpuBudget, SearchOptions, _Bounds,
-                                    _initial_split, _memory_screen, enumerate_space, search,
-                                    stage_layouts, with_split)
+from planner.search.bounds import Bounds, mixed_count_minmax, mixed_floor
+from planner.search.planner import (MICRO_BATCHES, VPP_CHOICES, GpuBudget, SearchOptions, enumerate_space, search,
+                                    stage_layouts)
+from planner.search.results import Plans
+from planner.search.screen import memory_screen
+from planner.search.split import initial_split, with_split
 from planner.specs.cluster import cluster_from_dict
 from planner.specs.model import model_from_dict
 from planner.strategy import Strategy, check_structure
@@ -38,17 +41,17 @@ MODEL = _model("wide-8", 8, 12288, 96, 49152, False)
 SMALL = _model("wide-6", 6, 8192, 64, 28672, True)
 
 
-def _group(name, gpu, nodes, nic_gbps):
+def group_dict(name, gpu, nodes, nic_gbps):
     return {"name": name, "nodes": nodes, "gpus_per_node": 4, "gpu": gpu, "nics_per_node": 4,
             "nic_bandwidth": f"{nic_gbps} Gb/s"}
 
 
-HOMOGENEOUS = cluster_from_dict({"name": "h100-2x4", "node_groups": [_group("h100", "h100-sxm-80g", 2, 400)]}, "test")
-SMALL_MEMORY = cluster_from_dict({"name": "a100-2x4", "node_groups": [_group("a100", "a100-sxm-40g", 2, 200)]}, "test")
-H100_ALONE = cluster_from_dict({"name": "h100-1x4", "node_groups": [_group("h100", "h100-sxm-80g", 1, 400)]}, "test")
+HOMOGENEOUS = cluster_from_dict({"name": "h100-2x4", "node_groups": [group_dict("h100", "h100-sxm-80g", 2, 400)]}, "test")
+SMALL_MEMORY = cluster_from_dict({"name": "a100-2x4", "node_groups": [group_dict("a100", "a100-sxm-40g", 2, 200)]}, "test")
+H100_ALONE = cluster_from_dict({"name": "h100-1x4", "node_groups": [group_dict("h100", "h100-sxm-80g", 1, 400)]}, "test")
 MIXED = cluster_from_dict({
-    "name": "mixed-2x4", "node_groups": [_group("h100", "h100-sxm-80g", 1, 400),
-                                         _group("a100", "a100-sxm-40g", 1, 200)],
+    "name": "mixed-2x4", "node_groups": [group_dict("h100", "h100-sxm-80g", 1, 400),
+                                         group_dict("a100", "a100-sxm-40g", 1, 200)],
     "interconnect": [{"between": ["h100", "a100"], "bandwidth": "100 Gb/s", "latency": "20 us"}]}, "test")
 # allow_tight: the exactness tests compare with every plan that fits; the default, which ranks
 # TIGHT plans after those that fit with margin, has its own brute-force test
@@ -94,18 +97,18 @@ def _space(model, cluster, o):
                                     continue
                                 # full recompute of k layers per chunk: on the starting split only
                                 # (the search's definition; the partition is not re-solved for it)
-                                valid, split = _initial_split(model, cluster, s, groups, uneven=False)
+                                valid, split = initial_split(model, cluster, s, groups, uneven=False)
                                 if valid:
                                     per_chunk = min(split or s.stage_layers(model)) // vpp
                                     for k in range(1, per_chunk):
                                         yield s.with_(recompute_num_layers=k, layers_per_stage=split)
 
 
-def _assert_bounds(bounds, cluster, s, plain, e, extra_s=None, budget=GpuBudget()):
+def assert_bounds(bounds, cluster, s, plain, e, extra_s=None, budget=GpuBudget()):
     """Every bound the search prunes with, from the family down to the candidate, is at most
     the estimate, whatever the split; the vectorised children bounds do not exceed `candidate`
     (which adds whole-layer integrality)."""
-    tk = _time_key(plain)
+    tk = time_key(plain)
     groups = s.stage_node_groups or (cluster.node_groups[0].name,) * s.pp
     layouts = stage_layouts(cluster, s.gpus_per_stage, s.pp, budget)
     step = e.step_time_s * (1 + 1e-9)
@@ -137,24 +140,24 @@ def _screen_families(model, cluster, bases, block, vpps, zeros, uneven, layouts)
     screen = FamilyScreen(model, cluster, zeros, uneven)
     names = tuple(sorted({g for orders in layouts.values() for gs in orders for g in gs}))
     for b in bases:
-        screen.add(b, _time_key(b), b.pp, b.dp, b.num_microbatches, block, max(vpps), names)
+        screen.add(b, time_key(b), b.pp, b.dp, b.num_microbatches, block, max(vpps), names)
     return screen.run(every_peak=True)
 
 
-def _assert_peak_bounds(model, cluster, s, e, uneven, budget=GpuBudget()):
+def assert_peak_bounds(model, cluster, s, e, uneven, budget=GpuBudget()):
     """The peak-memory bounds the search prunes dominated plans with are at most the peak
     bytes of any GPU, for the candidate (any split) and for its whole family (any vpp, ZeRO
     stage and placement); both hold whether or not the strategy fits."""
     peak = max(m.total for m in e.memory)
-    bounds = _Bounds(model, cluster)
+    bounds = Bounds(model, cluster)
     reach = bounds.dense_ranks(s.pp, s.vpp)   # MoE-only ranks get an MoE layer's bytes
-    may_fit, n_max, peak_lb = _memory_screen(model, cluster, s, uneven=uneven, dense_reach=reach)
+    may_fit, n_max, peak_lb = memory_screen(model, cluster, s, uneven=uneven, dense_reach=reach)
     assert peak_lb <= peak * (1 + 1e-12), s
     assert may_fit or not e.fits, s      # the candidate screen never rules out a plan that fits
     if e.fits and s.recompute_num_layers is None:
         # the bound the screened candidate is queued again with: the most layers each stage holds
         groups = s.stage_node_groups or (cluster.node_groups[0].name,) * s.pp
-        assert bounds.candidate(s, _time_key(s), groups, n_max) <= e.step_time_s * (1 + 1e-9), s
+        assert bounds.candidate(s, time_key(s), groups, n_max) <= e.step_time_s * (1 + 1e-9), s
     if e.fits:
         assert _assert_family_screen_passes(model, cluster, s, uneven, budget) <= peak * (1 + 1e-12), s
 
@@ -167,12 +170,12 @@ def _brute_force(model, cluster, o):
     cluster and space (the top K does not change the space)."""
     key = (model.name, cluster, replace(o, top=1, keep_dominated=False))
     if key not in _BRUTE:
-        _BRUTE[key] = _brute_force_run(model, cluster, o)
+        _BRUTE[key] = brute_force_run(model, cluster, o)
     return _BRUTE[key]
 
 
-def _brute_force_run(model, cluster, o):
-    best, n_fit, n_all, bounds = None, 0, 0, _Bounds(model, cluster)
+def brute_force_run(model, cluster, o):
+    best, n_fit, n_all, bounds = None, 0, 0, Bounds(model, cluster)
     fitting = []
     for s in _space(model, cluster, o):
         try:
@@ -183,11 +186,11 @@ def _brute_force_run(model, cluster, o):
         n_all += 1
         groups = s.stage_node_groups or (cluster.node_groups[0].name,) * s.pp
         if s.recompute_num_layers is None:
-            _assert_bounds(bounds, cluster, s, s, e, budget=o.budget)
+            assert_bounds(bounds, cluster, s, s, e, budget=o.budget)
         else:   # a block-recompute child: bounded on the plain costs plus its recompute
             plain = s.with_(recompute="none", recompute_num_layers=None)
-            _assert_bounds(bounds, cluster, s, plain, e, bounds.recompute_extra(s, groups), o.budget)
-        _assert_peak_bounds(model, cluster, s, e, o.uneven_chunks, o.budget)
+            assert_bounds(bounds, cluster, s, plain, e, bounds.recompute_extra(s, groups), o.budget)
+        assert_peak_bounds(model, cluster, s, e, o.uneven_chunks, o.budget)
         if e.fits:
             n_fit += 1
             fitting.append(e)
@@ -253,7 +256,7 @@ def test_moe_parallel_folding_against_brute_force(model, cluster):
 def test_counts_add_up_when_the_time_limit_stops_the_search(monkeypatch):
     import itertools as it
 
-    import planner.search.planner as P
+    import planner.search.best_first as P
 
     clock = it.count()
     monkeypatch.setattr(P.time, "perf_counter", lambda: next(clock) * 0.001)
@@ -281,7 +284,7 @@ def test_large_inputs_stay_bounded():
     plans are whole: every GPU counted, every layer placed, memory within capacity."""
     from planner.library import load_cluster_ref, load_model_ref
 
-    huge = cluster_from_dict({"name": "h100-100k", "node_groups": [_group("h100", "h100-sxm-80g", 25_000, 400)]}, "test")
+    huge = cluster_from_dict({"name": "h100-100k", "node_groups": [group_dict("h100", "h100-sxm-80g", 25_000, 400)]}, "test")
     r = search(load_model_ref("llama3.1-405b"), huge, SearchOptions(global_batch_size=16384, seq_length=8192, top=1))
     s = r.plans[0].strategy
     assert r.status == "optimal" and r.plans[0].fits
@@ -316,7 +319,7 @@ def test_time_limit_reports_a_true_gap(monkeypatch):
     a call) so that the cut falls at the same place on any machine."""
     import itertools as it
 
-    import planner.search.planner as P
+    import planner.search.best_first as P
 
     full = search(MODEL, MIXED, OPTIONS)
     optimum = full.plans[0].step_time_s
@@ -362,8 +365,8 @@ def test_returned_plans_fit_and_emit_launches_megatron_accepts(model_name, clust
 # Two identical sites of one 4-GPU node joined by a slow link: every stage order has a mirror
 # image (site a then b is b then a) that the cost model prices alike.
 TWO_SITE = cluster_from_dict({
-    "name": "two-site", "node_groups": [_group("site-a", "h100-sxm-80g", 1, 400),
-                                        _group("site-b", "h100-sxm-80g", 1, 400)],
+    "name": "two-site", "node_groups": [group_dict("site-a", "h100-sxm-80g", 1, 400),
+                                        group_dict("site-b", "h100-sxm-80g", 1, 400)],
     "interconnect": [{"between": ["site-a", "site-b"], "bandwidth": "100 Gb/s", "latency": "1 ms"}]}, "test")
 
 
@@ -490,7 +493,7 @@ def test_groups_are_interchangeable_only_when_everything_a_plan_sees_agrees():
     distinct; a link to a group the plan does not use does not."""
     from planner.search.planner import distinct_orders, order_key
 
-    base = _group("x", "h100-sxm-80g", 1, 400)
+    base = group_dict("x", "h100-sxm-80g", 1, 400)
     for change in ({"nic_bandwidth": "200 Gb/s"}, {"price_per_gpu_hour": 3.0}, {"nodes": 2}):
         c = cluster_from_dict({"name": "c", "node_groups": [base, {**base, "name": "y", **change}]}, "test")
         lay = {(1, 1): [("x", "y"), ("y", "x")]}
@@ -517,7 +520,7 @@ def test_gpu_budget_bounds_the_space(budget, expect):
     assert sizes == expect
     r = search(SMALL, HOMOGENEOUS, o)
     assert {e.strategy.world_size for e in r.plans} <= expect
-    best = min((e for e in _brute_force_run(SMALL, HOMOGENEOUS, o)[3]), key=lambda e: e.step_time_s)
+    best = min((e for e in brute_force_run(SMALL, HOMOGENEOUS, o)[3]), key=lambda e: e.step_time_s)
     assert r.plans[0].step_time_s == pytest.approx(best.step_time_s, rel=1e-9)
 
 
@@ -527,7 +530,7 @@ def test_gpu_budget_bounds_the_space(budget, expect):
 PRICES = {"h100": 4.0, "a100": 2.0}
 PRICED_MIXED = cluster_from_dict({
     "name": "mixed-2x4-priced",
-    "node_groups": [{**_group(g["name"], g["gpu"], 1, g["nic"]), "price_per_gpu_hour": PRICES[g["name"]]}
+    "node_groups": [{**group_dict(g["name"], g["gpu"], 1, g["nic"]), "price_per_gpu_hour": PRICES[g["name"]]}
                     for g in ({"name": "h100", "gpu": "h100-sxm-80g", "nic": 400},
                               {"name": "a100", "gpu": "a100-sxm-40g", "nic": 200})],
     "interconnect": [{"between": ["h100", "a100"], "bandwidth": "100 Gb/s", "latency": "20 us"}]}, "test")
@@ -577,9 +580,8 @@ def test_the_k_th_best_can_rise_and_the_top_k_stays_exact():
     rises (which is why the search defers, not drops, what lies above it)."""
     from types import SimpleNamespace
 
-    from planner.search.planner import _Plans
 
-    plans = _Plans(replace(OPTIONS, top=3))
+    plans = Plans(replace(OPTIONS, top=3))
 
     def fig(step, gib, gpus):
         return SimpleNamespace(objective=lambda _: step, point=(step, gib, gpus, 0.0))
@@ -593,13 +595,12 @@ def test_the_k_th_best_can_rise_and_the_top_k_stays_exact():
 
 
 def test_mixed_floor_never_exceeds_the_least_slowest_stage():
-    """_mixed_floor against every way of placing the dense layers: stage i holds v layers (at
+    """mixed_floor against every way of placing the dense layers: stage i holds v layers (at
     least), d_i of them dense, sum d_i <= n_dense; its cost is B_i - d_i saves_i. The bound must
     not exceed the least slowest stage over all placements, and must beat the single-kind floor
     max(B_i - v saves_i) when few dense layers meet many stages."""
     import itertools
     import random
-    from planner.search.planner import _mixed_floor
     rng = random.Random(7)
     tighter = 0
     for _ in range(400):
@@ -608,24 +609,23 @@ def test_mixed_floor_never_exceeds_the_least_slowest_stage():
         saves = [rng.uniform(0, 1) * b / v for b in B]
         best = min(max(b - d * s for b, s, d in zip(B, saves, ds))
                    for ds in itertools.product(range(v + 1), repeat=p) if sum(ds) <= n_dense)
-        low = _mixed_floor(B, saves, n_dense, v)
+        low = mixed_floor(B, saves, n_dense, v)
         assert low <= best + 1e-12, (B, saves, n_dense, v, low, best)
         tighter += low > max(b - v * s for b, s in zip(B, saves)) + 1e-9
     assert tighter > 100
 
 
 def test_mixed_count_minmax_never_exceeds_the_least_slowest_stage():
-    """_mixed_count_minmax against every whole-layer placement: stage i (k_i of it alike) holds
+    """mixed_count_minmax against every whole-layer placement: stage i (k_i of it alike) holds
     n_i MoE and d_i dense layers, n_i + d_i <= its memory cap, at least one layer, the d_i
     summing to n_dense, and takes e_i + n_i a_i + d_i c_i (c_i <= a_i, a dense layer's seconds).
     The bound must not exceed the least slowest stage, and on a slow stage that memory forces
     to take MoE layers it must be the worked value."""
     import random
-    from planner.search.planner import _mixed_count_minmax
     # two fast stages hold 2 layers each, the slow one takes the rest: 1 dense layer anywhere,
     # so at least 7 - 2 - 2 - 1 = 2 MoE layers on the slow stage: T >= 2 x 10 s
     stages = {(1.0, 0.0, 2): 2, (10.0, 0.0, 10): 1}
-    assert _mixed_count_minmax(stages, 7, 1, 0.0) == pytest.approx(20.0, rel=1e-8)
+    assert mixed_count_minmax(stages, 7, 1, 0.0) == pytest.approx(20.0, rel=1e-8)
     rng = random.Random(11)
     for _ in range(300):
         rows = [(rng.uniform(1, 10), rng.uniform(0, 5), rng.randint(1, 4)) for _ in range(rng.randint(1, 3))]
@@ -646,13 +646,13 @@ def test_mixed_count_minmax_never_exceeds_the_least_slowest_stage():
         for a, e, cap in rows:
             stages[(a, e, cap)] = stages.get((a, e, cap), 0) + 1
         lo = max(e for _, e, _ in rows)
-        assert _mixed_count_minmax(stages, L, n_dense, lo) <= best * (1 + 1e-12), (rows, dense, L, n_dense)
+        assert mixed_count_minmax(stages, L, n_dense, lo) <= best * (1 + 1e-12), (rows, dense, L, n_dense)
 
 
 @pytest.mark.parametrize("freq", [[0, 1, 1, 1, 1, 1, 1, 1], [0, 0, 0, 1, 1, 1, 1, 1], [1, 0, 1, 0, 1, 0, 1, 0],
                                   [1, 1, 1, 1, 1, 1, 0, 0]])
 def test_dense_ranks_hold_every_dense_layer_of_every_split(freq):
-    """_Bounds.dense_ranks against every split whose virtual stages hold >= 1 layer each, in
+    """Bounds.dense_ranks against every split whose virtual stages hold >= 1 layer each, in
     Megatron's order (virtual stage k p + r is chunk k of rank r): every rank that holds a dense
     layer in some split is in the set (the bound may only drop ranks no split gives one)."""
     from planner.library import load_cluster_ref
@@ -662,7 +662,7 @@ def test_dense_ranks_hold_every_dense_layer_of_every_split(freq):
         "position_embedding_type", "add_bias_linear", "attention_dropout", "hidden_dropout", "num_experts",
         "moe_router_topk", "moe_ffn_hidden_size")}, "num_layers": len(freq), "name": "m", "moe_layer_freq": freq},
         "test")
-    b = _Bounds(model, load_cluster_ref("dgx-h100-x8"))
+    b = Bounds(model, load_cluster_ref("dgx-h100-x8"))
     L = len(freq)
     for p, v in ((2, 1), (2, 2), (3, 1), (4, 2), (8, 1)):
         V = p * v
@@ -699,7 +699,7 @@ def test_family_screen_shares_only_what_each_table_leaves_out(model):
                                 global_batch_size=o.global_batch_size, seq_length=seq, recompute=rec,
                                 sequence_parallel=tp > 1, overlap_grad_reduce=True)
                 names = tuple(sorted({g for orders in layouts.values() for gs in orders for g in gs}))
-                shared.add(base, _time_key(base), pp, dp, base.num_microbatches, block, 1, names)
+                shared.add(base, time_key(base), pp, dp, base.num_microbatches, block, 1, names)
                 added.append((base, block, names))
                 alone.append(_screen_families(model, MIXED, [base], block, (1,), (0, 1, 3), False, layouts))
     fit, peak = shared.run(every_peak=True)
@@ -708,7 +708,7 @@ def test_family_screen_shares_only_what_each_table_leaves_out(model):
     # the search's own run bounds the peak of the families that may fit, the others on demand
     again = FamilyScreen(model, MIXED, (0, 1, 3), False)
     for base, block, names in added:
-        again.add(base, _time_key(base), base.pp, base.dp, base.num_microbatches, block, 1, names)
+        again.add(base, time_key(base), base.pp, base.dp, base.num_microbatches, block, 1, names)
     fit2, peak2 = again.run()
     unfit = np.flatnonzero(~fit2)
     assert (fit2 == fit).all() and (peak2[fit] == peak[fit]).all() and np.isnan(peak2[unfit]).all()
@@ -716,7 +716,7 @@ def test_family_screen_shares_only_what_each_table_leaves_out(model):
 
 
 def test_a_ranks_memory_is_its_own():
-    """_fits_exactly shares a rank's verdict among block candidates that differ only in the
+    """fits_exactly shares a rank's verdict among block candidates that differ only in the
     other ranks' layers and GPUs: a rank's memory (even chunks) does not change with them, and
     does change with its own layers."""
     model = load_model_ref("deepseek-v3")
@@ -739,7 +739,7 @@ def test_a_ranks_memory_is_its_own():
 
 @pytest.mark.parametrize("model", [MODEL, MOE_DENSE_FIRST], ids=["dense", "dense-first-moe"])
 def test_candidate_screen_shares_its_terms_within_a_family(model):
-    """The search hands _memory_screen one terms cache per family and ZeRO stage: candidates
+    """The search hands memory_screen one terms cache per family and ZeRO stage: candidates
     that differ in vpp, stage placement and split screen exactly as with a fresh cache."""
     base = Strategy(tp=1, pp=4, dp=2, micro_batch_size=1, global_batch_size=16, seq_length=2048,
                     recompute="none", overlap_grad_reduce=True, zero_stage=1, overlap_param_gather=True)
@@ -756,7 +756,7 @@ def test_candidate_screen_shares_its_terms_within_a_family(model):
                         check_structure(s, model)
                     except InvalidStrategy:
                         continue
-                    assert _memory_screen(model, MIXED, s, terms=terms) == _memory_screen(model, MIXED, s)
+                    assert memory_screen(model, MIXED, s, terms=terms) == memory_screen(model, MIXED, s)
                     checked += 1
     assert checked >= 4
 

@@ -81,7 +81,7 @@ def test_slower_kernels_never_shorten_a_step_with_ep_overlap():
     from dataclasses import replace
 
     import yaml
-    from planner.estimate import _layer_time, estimate
+    from planner.estimate import layer_time_of, estimate
 
     rid = "qwen3_235b_a22b-h100-sxm-80g-fp8-cs-25.11"
     row = {r["id"]: r for r in yaml.safe_load(open(bridge.DATA / "megatron_bridge_launches.yaml"))["rows"]}[rid]
@@ -94,7 +94,7 @@ def test_slower_kernels_never_shorten_a_step_with_ep_overlap():
     for scale in (1.0, 0.8, 0.6, 0.4):
         eff = g.gpu.efficiency
         gpu = replace(g.gpu, efficiency=replace(eff, matmul=eff.matmul * scale, matmul_fp8=eff.matmul_fp8 * scale))
-        _layer_time.cache_clear()
+        layer_time_of.cache_clear()
         steps.append(estimate(launch.model, replace(cluster, node_groups=(replace(g, gpu=gpu),)), launch.strategy).step_time_s)
-    _layer_time.cache_clear()
+    layer_time_of.cache_clear()
     assert steps == sorted(steps), steps

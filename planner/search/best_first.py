@@ -23,15 +23,15 @@ from ..estimate import Estimate, estimate, time_key
 from ..specs.cluster import ClusterSpec
 from ..specs.model import ModelSpec
 from ..strategy import Strategy
-from .bounds import _Bounds
+from .bounds import Bounds
 from .family_screen import FamilyScreen
 from .objective import check_objective, figures, usd_per_hour, usd_per_million_tokens
-from .pricing import _ilp_cross_check, _price
-from .results import _Plans
-from .screen import _fits_exactly, _least_block_recompute, _memory_screen, _stage_memories
-from .space import (PROGRESS_INTERVAL_S, SearchOptions, SearchProgress, SearchResult, _family_specs, _warn,
-                    _zero_options, stage_layouts)
-from .split import _initial_split, with_split
+from .pricing import ilp_cross_check, price_candidate
+from .results import Plans
+from .screen import fits_exactly, least_block_recompute, memory_screen, stage_memories
+from .space import (PROGRESS_INTERVAL_S, SearchOptions, SearchProgress, SearchResult, family_specs, warn,
+                    zero_options, stage_layouts)
+from .split import initial_split, with_split
 
 # heap entry kinds
 _FAMILY, _CELL, _CAND, _REQUEUED, _BLOCK, _DEFERRED = 0, 1, 2, 3, 4, 5
@@ -164,11 +164,11 @@ def _closest_of(model, cluster, families: list, zeros) -> tuple | None:
             c, groups = _child(fam, 1, z, orders[0], cluster)
             if fam.block:
                 c = replace(c, recompute="full")
-            valid, split = _initial_split(model, cluster, c, groups, uneven=False)
+            valid, split = initial_split(model, cluster, c, groups, uneven=False)
             if not valid:
                 continue
             c = with_split(c, split)
-            short = max(m.total - m.capacity for m in _stage_memories(model, cluster, c))
+            short = max(m.total - m.capacity for m in stage_memories(model, cluster, c))
             if best is None or short < best[0]:
                 best = (short, c)
     return best
@@ -224,7 +224,7 @@ def _with_tight_plans(model: ModelSpec, cluster: ClusterSpec, o: SearchOptions, 
     if fill:
         res.closest = None
     if probe.status == "time-limit":
-        _warn(res.warnings, "the search for TIGHT plans beside them stopped at the time limit")
+        warn(res.warnings, "the search for TIGHT plans beside them stopped at the time limit")
     res.seconds += time.perf_counter() - t0
     return res
 
@@ -249,16 +249,16 @@ class _BestFirst:
         if o.seq_length > model.max_position_embeddings:
             # rotary models run any length, but past the one they were built for they need their
             # positions rescaled or long-context training: say so rather than emit it silently
-            _warn(self.res.warnings, f"--seq-length {o.seq_length} exceeds {model.name}'s max_position_embeddings "
+            warn(self.res.warnings, f"--seq-length {o.seq_length} exceeds {model.name}'s max_position_embeddings "
                                      f"({model.max_position_embeddings}); launches set --max-position-embeddings "
                                      f"{o.seq_length}. Past its trained length a RoPE model needs rope scaling "
                                      "(--use-rope-scaling --rope-scaling-factor) or a long-context stage")
-        self.bounds = _Bounds(model, cluster)
-        self.zero_opts = _zero_options(o)
+        self.bounds = Bounds(model, cluster)
+        self.zero_opts = zero_options(o)
         self.heap: list = []   # (objective bound, tie, kind, payload)
         self.tie = itertools.count()
         self.layouts_cache: dict = {}   # (GPUs per stage, pp) -> _Layouts
-        self.plans = _Plans(o)
+        self.plans = Plans(o)
         self.tokens_per_step = o.global_batch_size * o.seq_length
         self.priced_cluster = cluster.is_priced
         # the families (_queue_families): the screen, every spec, and those memory ruled out
@@ -267,8 +267,8 @@ class _BestFirst:
         self.unfit = np.zeros(0, dtype=np.int64)
         # what the entries taken best first share
         self.seen: set = set()
-        self.rank_fits: dict = {}    # _fits_exactly's verdicts per rank, shared by block candidates
-        self.screen_terms: dict = {}  # _memory_screen's terms per family and ZeRO stage
+        self.rank_fits: dict = {}    # fits_exactly's verdicts per rank, shared by block candidates
+        self.screen_terms: dict = {}  # memory_screen's terms per family and ZeRO stage
         self.screened_out: list = []  # candidates the memory screen ruled out before any plan was found
         self.closest = None
         self.done = 0
@@ -301,12 +301,12 @@ class _BestFirst:
         return usd_h * step_lb if self.priced_cluster and usd_h is not None else 0.0
 
     def _dominated(self, step_lb: float, gpus: int, usd_h, peak_lb) -> bool:
-        """Whether a plan found dominates every plan of an entry (_Plans.dominate)."""
+        """Whether a plan found dominates every plan of an entry (Plans.dominate)."""
         return self.plans.dominate(step_lb, gpus, self._usd_step(step_lb, usd_h), peak_lb)
 
     def _queue(self, items: list) -> None:
         """Queue each _Pending item that can still enter the top K; keep the others as one
-        deferred entry (the K-th best can rise, see _Plans)."""
+        deferred entry (the K-th best can rise, see Plans)."""
         kth = self._kth()
         deferred: list = []
         for it in items:
@@ -339,7 +339,7 @@ class _BestFirst:
         classes: dict = {}
         screen = self.screen = FamilyScreen(model, self.cluster, self.zero_opts, o.uneven_chunks, self.with_margin)
         specs = self.specs
-        for tp, cp, pp, dp, ep, etp, mbs, m, rec, block, vh, count in _family_specs(model, self.cluster, o,
+        for tp, cp, pp, dp, ep, etp, mbs, m, rec, block, vh, count in family_specs(model, self.cluster, o,
                                                                                    self._layouts_of):
             lkey = (tp * cp * dp, pp)
             ckey = (tp, cp, ep, etp, mbs, "none" if block else rec)
@@ -392,7 +392,7 @@ class _BestFirst:
         best = self.plans.best()
         res.optimality_gap = (max(res.optimality_gap, (best[0] - lb) / best[0] if best[0] > 0 else 0.0, 0.0)
                               if best else 1.0)
-        _warn(res.warnings, f"search stopped at its {self.o.time_limit_s:g} s time limit; "
+        warn(res.warnings, f"search stopped at its {self.o.time_limit_s:g} s time limit; "
                             f"the plans are the best of those priced")
 
     def _report(self, now: float, lb: float) -> None:
@@ -459,9 +459,9 @@ class _BestFirst:
         save memory, so the smallest k that fits dominates every larger k."""
         model, cluster = self.model, self.cluster
         c, groups = _child(child.family, child.vpp, child.zero, child.groups, cluster)
-        valid, split = _initial_split(model, cluster, c, groups, uneven=False)
+        valid, split = initial_split(model, cluster, c, groups, uneven=False)
         per_chunk = min(split or c.stage_layers(model)) // c.vpp
-        ck = _least_block_recompute(model, cluster, c.with_(recompute="full", layers_per_stage=split),
+        ck = least_block_recompute(model, cluster, c.with_(recompute="full", layers_per_stage=split),
                                     per_chunk - 1, self.rank_fits, safe=self.with_margin)
         if ck is None:
             self.res.pruned_memory += 1
@@ -476,10 +476,10 @@ class _BestFirst:
         model, cluster, o, res = self.model, self.cluster, self.o, self.res
         fam, usd_h = child.family, child.usd_hour
         c, groups = _child(fam, child.vpp, child.zero, child.groups, cluster)
-        valid, split = _initial_split(model, cluster, c, groups, o.uneven_chunks)
+        valid, split = initial_split(model, cluster, c, groups, o.uneven_chunks)
         c = with_split(c, split)
         self.done += 1
-        may_fit, n_max, peak_lb = _memory_screen(model, cluster, c, uneven=o.uneven_chunks,
+        may_fit, n_max, peak_lb = memory_screen(model, cluster, c, uneven=o.uneven_chunks,
                                                  dense_reach=self.bounds.dense_ranks(c.pp, c.vpp),
                                                  terms=self.screen_terms.setdefault((fam.base, c.zero_stage), {}),
                                                  with_margin=self.with_margin)
@@ -505,7 +505,7 @@ class _BestFirst:
             return None
         if c.recompute_num_layers is not None:
             self.done += 1
-            if not _fits_exactly(self.model, self.cluster, c, self.rank_fits, safe=self.with_margin):
+            if not fits_exactly(self.model, self.cluster, c, self.rank_fits, safe=self.with_margin):
                 self.res.pruned_memory += 1
                 return None
         return c
@@ -513,7 +513,7 @@ class _BestFirst:
     def _price_and_offer(self, c: Strategy) -> None:
         """Price a candidate (its exact split too) and offer the plans that fit."""
         o = self.o
-        fitting, short = _price(self.model, self.cluster, c, "dp", self.res, o.uneven_chunks,
+        fitting, short = price_candidate(self.model, self.cluster, c, "dp", self.res, o.uneven_chunks,
                                 safe_split=not o.allow_tight)
         if not fitting:
             if short is not None and (self.closest is None or short[0] < self.closest[0]):
@@ -528,9 +528,9 @@ class _BestFirst:
         res.pruned_bound += sum(_entry_count(k, p) for _, _, k, p in self.heap)
         if o.solver.startswith("ilp"):
             found = [x[3] for x in plans.items[:o.top]]
-            found = _ilp_cross_check(self.model, self.cluster, found, o.solver, res, o.uneven_chunks,
+            found = ilp_cross_check(self.model, self.cluster, found, o.solver, res, o.uneven_chunks,
                                      safe=not o.allow_tight)
-            again = _Plans(o, tiered=False)
+            again = Plans(o, tiered=False)
             for e in found:
                 again.add(e, figures(e, charge_idle=o.charge_idle))
             plans.items = again.items
@@ -562,7 +562,7 @@ class _BestFirst:
         # the exact shortfall of each candidate the screen ruled out (computed only now, as most
         # searches find a plan)
         for c in self.screened_out:
-            short = max(m.total - m.capacity for m in _stage_memories(model, cluster, c))
+            short = max(m.total - m.capacity for m in stage_memories(model, cluster, c))
             if closest is None or short < closest[0]:
                 closest = (short, c)
         if closest is None:

@@ -1,6 +1,6 @@
 """Lower bounds of the search: seconds that no plan of a family, cell or candidate can beat,
-whatever its layer split (_Bounds, with the min-max solvers it uses: _relaxed_minmax,
-_integer_minmax, _mixed_floor, _mixed_count_minmax). The search prices candidates in
+whatever its layer split (Bounds, with the min-max solvers it uses: _relaxed_minmax,
+_integer_minmax, mixed_floor, mixed_count_minmax). The search prices candidates in
 increasing bound order and stops when the next bound is no better than the K-th best plan
 found, so the top K are exact under the cost model."""
 
@@ -23,7 +23,7 @@ from ..specs.model import ModelSpec
 from ..strategy import Strategy
 
 
-class _Bounds:
+class Bounds:
     """Per-layer and per-stage costs shared by many candidates (cached by time key and group)."""
 
     def __init__(self, model: ModelSpec, cluster: ClusterSpec):
@@ -204,7 +204,7 @@ class _Bounds:
             e = v * hop
             T = max(v * f_max + e, units / S + e)
             if mixed is not None:
-                T = max(T, _mixed_floor([v * w["moe"][g] + e for g in groups],
+                T = max(T, mixed_floor([v * w["moe"][g] + e for g in groups],
                                         [w["dense_saves"][g] for g in groups], mixed, v))
             best = min(best, (m - 1.0 / v) * T + (least + emb + out + p * e) / v)
         return best + after
@@ -352,9 +352,9 @@ class _Bounds:
         mixed = self._n_dense_mixed()
         if mixed is not None:
             reach = self.dense_ranks(p, v)
-            T = max(T, _mixed_floor(B, saves, mixed, v, [r not in reach for r in range(p)]))
+            T = max(T, mixed_floor(B, saves, mixed, v, [r not in reach for r in range(p)]))
             if max_layers is not None:
-                T = max(T, _mixed_count_minmax(moe_stages, L, mixed, T))
+                T = max(T, mixed_count_minmax(moe_stages, L, mixed, T))
         pipe = m * T if p == 1 else (m - 1.0 / v) * T + W / v
         return pipe + self.after_step(s, names)
 
@@ -518,7 +518,7 @@ def _step_low(held, n_layers: int, items, lo: float) -> float:
     return max(T, lo)
 
 
-def _mixed_count_minmax(stages: dict[tuple, int], n_layers: int, n_dense: int, lo: float) -> float:
+def mixed_count_minmax(stages: dict[tuple, int], n_layers: int, n_dense: int, lo: float) -> float:
     """Least T (>= lo, a T known not to exceed the optimum) at which whole layers of a model with
     n_dense dense and n_layers - n_dense MoE layers can fit: a stage (a MoE layer costs it a
     seconds, e fixed seconds, at most n_cap layers in memory) holding k MoE and d dense layers
@@ -547,7 +547,7 @@ def _mixed_floor_rows(B, saves, n_dense: int, v, moe_only=None):
     among them saves at most saves[i]. The model has only n_dense dense layers, so at most
     n_dense stages hold any (some stage outside them keeps its B: the (n_dense + 1)-th largest),
     and no stage saves on more than min(v, n_dense) layers; `moe_only` (rows x stages): stages no
-    dense layer can reach (_Bounds.dense_ranks), which keep their B. (The floor of every layer at
+    dense layer can reach (Bounds.dense_ranks), which keep their B. (The floor of every layer at
     the cheaper kind, all a single-kind bound knows, is B - v saves.)"""
     B = np.asarray(B, dtype=float)
     low = (B - np.minimum(v, n_dense) * np.asarray(saves, dtype=float)).max(axis=1)
@@ -559,6 +559,6 @@ def _mixed_floor_rows(B, saves, n_dense: int, v, moe_only=None):
     return low
 
 
-def _mixed_floor(B, saves, n_dense: int, v: int, moe_only=None) -> float:
+def mixed_floor(B, saves, n_dense: int, v: int, moe_only=None) -> float:
     """_mixed_floor_rows of one row of stages."""
     return float(_mixed_floor_rows([B], saves, n_dense, v, None if moe_only is None else [moe_only])[0])

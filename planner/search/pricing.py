@@ -1,6 +1,6 @@
-"""Pricing of the search: a candidate's full estimate and its exact re-split (_price,
+"""Pricing of the search: a candidate's full estimate and its exact re-split (price_candidate,
 _estimate_split), and with --solver ilp the top plans' splits solved again as an ILP
-(_ilp_cross_check)."""
+(ilp_cross_check)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from ..strategy import Strategy
 from .space import SearchResult
 from .split import refine_partition
 
-def _price(model, cluster, s: Strategy, solver: str, res: SearchResult, uneven: bool = True,
+def price_candidate(model, cluster, s: Strategy, solver: str, res: SearchResult, uneven: bool = True,
            safe_split: bool = False):
     """Estimate one candidate and re-split its layers exactly. Returns (the estimates that fit,
     (bytes short, estimate) when none does). With `safe_split`, when the fastest split is
@@ -53,7 +53,7 @@ def _estimate_split(model, cluster, s: Strategy, s2):
         return None
 
 
-def _ilp_cross_check(model, cluster, plans: list[Estimate], solver: str, res: SearchResult,
+def ilp_cross_check(model, cluster, plans: list[Estimate], solver: str, res: SearchResult,
                      uneven: bool = True, safe: bool = False) -> list[Estimate]:
     """--solver ilp: the search prices with the exact DP (milliseconds a candidate); the top
     plans' splits are then solved again as an ILP, which agrees unless a solver limit hit.

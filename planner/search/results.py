@@ -1,4 +1,4 @@
-"""The plans a search has found (_Plans): the best distinct ones, or the front of those no
+"""The plans a search has found (Plans): the best distinct ones, or the front of those no
 other found plan dominates, with the K-th best objective that stops the search, and the plans
 that fit only within the memory model's margin (TIGHT) kept apart."""
 
@@ -10,7 +10,7 @@ from ..estimate import Estimate
 from .objective import dominates, figures, memory_figure
 from .space import SearchOptions
 
-class _Plans:
+class Plans:
     """The plans found so far: with `keep_dominated`, the best distinct ones; else the front of
     those no other found plan dominates (objective.dominates on Figures.point). `kth` is the
     K-th best objective among them: no plan worse than it can enter the top K. It may rise when
@@ -25,7 +25,7 @@ class _Plans:
         # safe by default: plans that fit only within the memory model's margin (TIGHT) are kept
         # apart, so the K-th best, the stop and dominance count only plans that fit with margin
         tiered = not o.allow_tight if tiered is None else tiered
-        self.tight = _Plans(o, tiered=False) if tiered else None
+        self.tight = Plans(o, tiered=False) if tiered else None
 
     def offer(self, estimates: list[Estimate]) -> list[Estimate]:
         """Add the best of a candidate's fitting estimates (its splits): the fastest, or with

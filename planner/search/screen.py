@@ -1,8 +1,8 @@
 """Memory screens of the search: whether a candidate can fit before it is priced
-(_memory_screen: the most layers each stage can hold, and a lower bound on the peak bytes per
+(memory_screen: the most layers each stage can hold, and a lower bound on the peak bytes per
 GPU of any split, peak_bytes_lower_bound), whether it fits exactly, rank by rank
-(_fits_exactly), and the fewest fully recomputed layers per chunk that make a block-recompute
-candidate fit (_least_block_recompute). With `with_margin` / `safe` they screen against the room
+(fits_exactly), and the fewest fully recomputed layers per chunk that make a block-recompute
+candidate fit (least_block_recompute). With `with_margin` / `safe` they screen against the room
 that leaves the memory model's margin (a plan above it is TIGHT)."""
 
 from __future__ import annotations
@@ -31,17 +31,17 @@ def peak_bytes_lower_bound(fixed, per, mult, n_layers: int, least: int, slack: i
     return max(spread, floor, max(fixed))
 
 
-def _stage_gpu(cluster: ClusterSpec, s: Strategy, i: int):
+def stage_gpu(cluster: ClusterSpec, s: Strategy, i: int):
     """The GPU of pipeline stage i (search candidates sit on one node group per stage)."""
     return cluster.group(s.stage_node_groups[i]).gpu if s.stage_node_groups else cluster.node_groups[0].gpu
 
 
-def _stage_memories(model, cluster, s: Strategy) -> list:
+def stage_memories(model, cluster, s: Strategy) -> list:
     placement = placement_of(s)
-    return [stage_memory(model, s, placement, i, _stage_gpu(cluster, s, i)) for i in range(s.pp)]
+    return [stage_memory(model, s, placement, i, stage_gpu(cluster, s, i)) for i in range(s.pp)]
 
 
-def _fits_exactly(model, cluster, s: Strategy, rank_fits: dict | None = None, safe: bool = False) -> bool:
+def fits_exactly(model, cluster, s: Strategy, rank_fits: dict | None = None, safe: bool = False) -> bool:
     """Whether every pipeline rank fits (with `safe`, with the memory model's margin), the first
     rank first (it keeps the most micro-batches in flight), stopping at a miss. `rank_fits`
     caches each rank's verdict: a rank's memory is set by the strategy but for the split and
@@ -52,7 +52,7 @@ def _fits_exactly(model, cluster, s: Strategy, rank_fits: dict | None = None, sa
     ranges = s.stage_layer_ranges(model)
     base = None
     for i in range(s.pp):
-        gpu = _stage_gpu(cluster, s, i)
+        gpu = stage_gpu(cluster, s, i)
         if rank_fits is None:
             verdict = stage_memory(model, s, placement, i, gpu).verdict
         else:
@@ -68,11 +68,11 @@ def _fits_exactly(model, cluster, s: Strategy, rank_fits: dict | None = None, sa
     return True
 
 
-def _least_block_recompute(model, cluster, s: Strategy, k_max: int, rank_fits: dict | None = None,
+def least_block_recompute(model, cluster, s: Strategy, k_max: int, rank_fits: dict | None = None,
                            safe: bool = False):
     """The strategy with the fewest fully recomputed layers per chunk (1..k_max) that fits (with
     `safe`, with the memory model's margin), or None. Memory falls and time rises with k, so
-    this k is the only one worth pricing. `rank_fits`: _fits_exactly's cache."""
+    this k is the only one worth pricing. `rank_fits`: fits_exactly's cache."""
     if k_max < 1:
         return None
     c = s.with_(recompute_num_layers=k_max)
@@ -80,38 +80,38 @@ def _least_block_recompute(model, cluster, s: Strategy, k_max: int, rank_fits: d
         check_structure(c, model)
     except InvalidStrategy:
         return None
-    if not _fits_exactly(model, cluster, c, rank_fits, safe):
+    if not fits_exactly(model, cluster, c, rank_fits, safe):
         return None
     lo, hi = 1, k_max
     while lo < hi:
         mid = (lo + hi) // 2
-        if _fits_exactly(model, cluster, s.with_(recompute_num_layers=mid), rank_fits, safe):
+        if fits_exactly(model, cluster, s.with_(recompute_num_layers=mid), rank_fits, safe):
             hi = mid
         else:
             lo = mid + 1
     return s.with_(recompute_num_layers=lo)
 
 
-def _memory_screen(model: ModelSpec, cluster: ClusterSpec, s: Strategy, uneven: bool = True,
+def memory_screen(model: ModelSpec, cluster: ClusterSpec, s: Strategy, uneven: bool = True,
                    dense_reach: frozenset | None = None, terms: dict | None = None, with_margin: bool = False):
     """(may fit, most layers each stage can hold, a lower bound on the peak bytes per GPU of
     any split). Stage i holds at most n_i = (capacity - fixed) / per-layer layers (a
     multiple of vpp), with the lower bounds of cost/memory.py, so a split can only fit if every
     n_i >= vpp and the n_i reach the model's layers. Per-layer bytes are the lighter layer
-    kind's, but on ranks no dense layer can reach (`dense_reach`, _Bounds.dense_ranks: the
+    kind's, but on ranks no dense layer can reach (`dense_reach`, Bounds.dense_ranks: the
     ranks that can) a MoE layer's. `uneven`: splits whose ranks need not hold a multiple of vpp layers
     are searched (the peak bound allows for them). `terms`: a cache of the per-GPU and per-end
     terms, shared by candidates that differ only in vpp, split and stage placement (none of
     these terms depends on them)."""
     if s.recompute_num_layers is not None:
         # block recompute is priced on its own split: its memory is known exactly
-        mems = _stage_memories(model, cluster, s)
+        mems = stage_memories(model, cluster, s)
         fits = all((m.verdict == "fits") if with_margin else m.fits for m in mems)
         return fits, list(s.stage_layers(model)), max(m.total for m in mems)
     p, v, kinds = s.pp, s.vpp, model.layer_kinds
     # the terms of layer_memory_bytes, stage_fixed_bytes_parts and usable_bytes that do not
     # depend on the rank, once per layer kind, end shape and GPU; then every rank at once
-    if s.stage_node_groups:   # each rank's GPU, as _stage_gpu gives it
+    if s.stage_node_groups:   # each rank's GPU, as stage_gpu gives it
         order = list(dict.fromkeys(s.stage_node_groups))
     else:
         order = [cluster.node_groups[0].name]

@@ -106,7 +106,7 @@ class SearchResult:
     tight_listed: int = 0
 
 
-def _warn(warnings: list, msg: str) -> None:
+def warn(warnings: list, msg: str) -> None:
     """Add msg to a list of warnings (SearchResult.warnings) unless it is there already."""
     if msg not in warnings:
         warnings.append(msg)
@@ -289,12 +289,12 @@ def enumerate_space(model: ModelSpec, cluster: ClusterSpec, o: SearchOptions):
                             yield tp, cp, pp, dp, ep, etp
 
 
-def _zero_options(o: SearchOptions) -> list[int]:
+def zero_options(o: SearchOptions) -> list[int]:
     fixed = dict(o.fixed)
     return [fixed["zero"]] if "zero" in fixed else list(o.zero_stages)
 
 
-def _family_specs(model: ModelSpec, cluster: ClusterSpec, o: SearchOptions, layouts_of):
+def family_specs(model: ModelSpec, cluster: ClusterSpec, o: SearchOptions, layouts_of):
     """Every family of the space: (tp, cp, pp, dp, ep, etp, mbs, micro-batches, recompute,
     block, vpps, candidates). `layouts_of(per_stage, pp)` gives the stage orders a pipeline of
     that shape has under o's GPU budget (0: none)."""
@@ -302,7 +302,7 @@ def _family_specs(model: ModelSpec, cluster: ClusterSpec, o: SearchOptions, layo
     L = model.num_layers
     mbs_opts = [fixed["mbs"]] if "mbs" in fixed else list(MICRO_BATCHES)
     rec_opts = [fixed["recompute"]] if "recompute" in fixed else list(o.recompute)
-    n_zero = len(_zero_options(o))
+    n_zero = len(zero_options(o))
     vpp_opts = [fixed["vpp"]] if "vpp" in fixed else list(VPP_CHOICES)
     block_ok = "full" in rec_opts and o.partial_recompute and "recompute" not in fixed
     for tp, cp, pp, dp, ep, etp in enumerate_space(model, cluster, o):
@@ -336,6 +336,6 @@ def space_worlds(model: ModelSpec, cluster: ClusterSpec, o: SearchOptions) -> di
         return cache[per, pp]
 
     out: dict = {}
-    for tp, cp, pp, dp, *_, count in _family_specs(model, cluster, o, layouts_of):
+    for tp, cp, pp, dp, *_, count in family_specs(model, cluster, o, layouts_of):
         out[tp * cp * pp * dp] = out.get(tp * cp * pp * dp, 0) + count
     return out

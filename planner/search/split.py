@@ -1,5 +1,5 @@
 """The stage split of a candidate: a starting split before the exact partition
-(_initial_split: even, or in proportion to GPU speed across node groups), the partition
+(initial_split: even, or in proportion to GPU speed across node groups), the partition
 problem of its stages (partition_problem: per-layer time and memory consistent with
 `estimate`), its exact solution in memory (refine_partition: DP or ILP, with
 _exact_max_layers), and the chunk layout of a split (balanced_chunks, with_split)."""
@@ -17,8 +17,8 @@ from ..specs.cluster import ClusterSpec
 from ..specs.model import ModelSpec
 from ..strategy import Strategy
 from .partition import PartitionProblem, partition_dp, partition_ilp
-from .screen import _stage_gpu
-from .space import _warn
+from .screen import stage_gpu
+from .space import warn
 
 def _layer_split_even(L: int, pp: int) -> tuple[int, ...]:
     b, e = divmod(L, pp)
@@ -102,16 +102,16 @@ def refine_partition(model, cluster, s: Strategy, e: Estimate, solver: str, warn
             res = partition_ilp(prob, multiple=q, least=s.vpp, solver="highs" if solver == "ilp-highs" else "cbc")
             used = res.solver
             if res.status == "time-limit":
-                _warn(warnings, "ILP hit its time limit; its partition may not be optimal")
+                warn(warnings, "ILP hit its time limit; its partition may not be optimal")
         except Exception as exc:  # a missing or crashing solver falls back to the DP
-            _warn(warnings, f"ILP solver failed ({type(exc).__name__}: {exc}); fell back to dynamic programming")
+            warn(warnings, f"ILP solver failed ({type(exc).__name__}: {exc}); fell back to dynamic programming")
             res = None
     if res is None:
         res = partition_dp(prob, multiple=q, least=s.vpp)
         used = "dp"
         gaps.append(res.gap)
         if res.status == "bound-limit":
-            _warn(warnings, f"stage-partition DP stopped at its work cap; its split is within "
+            warn(warnings, f"stage-partition DP stopped at its work cap; its split is within "
                             f"{res.gap * 100:.2f}% of optimal")
     if res.layers is None:
         return None, used
@@ -138,7 +138,7 @@ def _exact_max_layers(model: ModelSpec, cluster: ClusterSpec, s: Strategy, prob:
         return mem.verdict == "fits" if safe else mem.fits
 
     for i in range(s.pp):
-        gpu = _stage_gpu(cluster, s, i)
+        gpu = stage_gpu(cluster, s, i)
         hi = L - (s.pp - 1) * v          # the most a stage can take with the others at vpp
         k = prob.layer_mem[i, 0]
         n = int(np.floor((prob.capacity[i] - prob.extra_mem[i]) / k)) if k > 0 else hi
@@ -177,7 +177,7 @@ def with_split(s: Strategy, split: tuple[int, ...] | None) -> Strategy:
     return s.with_(layers_per_stage=split, chunk_layers=None if split is None else balanced_chunks(split, s.vpp))
 
 
-def _initial_split(model: ModelSpec, cluster: ClusterSpec, s: Strategy, groups: tuple[str, ...],
+def initial_split(model: ModelSpec, cluster: ClusterSpec, s: Strategy, groups: tuple[str, ...],
                    uneven: bool = True):
     """(valid, split): a starting split before the exact partition. Across node groups, layers
     in proportion to GPU speed; else even (split None: the default even split). With `uneven`
