@@ -33,6 +33,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from planner.estimate import estimate  # noqa: E402
+from planner.megatron.rules import megatron_violations  # noqa: E402
 from validation.bridge import SYSTEMS, dgx_cluster, read_launch  # noqa: E402
 
 DATA = ROOT / "validation" / "data"
@@ -210,6 +211,9 @@ def price_row(s: dict, r: dict, data: dict) -> dict:
     gpus = sysd["nodes"] * sysd["gpus_per_node"]
     rec = {"id": r["id"], "measured_tokens_per_s_per_gpu": measured_tokens_per_s_per_gpu(s, r, data, gpus)}
     launch = read_launch(row_launch(s, r, data), r["id"], gpus)
+    broken = megatron_violations(launch)   # a launch Megatron-LM would refuse never ran: a transcription error
+    if broken:
+        raise RankingDataError(f"{RANKING.name}: set {s['id']}, row {r['id']}: {broken[0]}; expected a launch Megatron-LM accepts")
     st = launch.strategy
     if (st.global_batch_size, st.seq_length) != (s["global_batch"], s["seq"]):
         raise RankingDataError(f"{RANKING.name}: set {s['id']}, row {r['id']}: launch has global batch "
