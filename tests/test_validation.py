@@ -11,11 +11,14 @@ import memory  # noqa: E402
 
 from planner.cost.memory import MEMORY_UNCERTAINTY, MEMORY_UNCERTAINTY_BYTES  # noqa: E402
 
+DGX = bridge.DATASETS[:1]        # the DGX H100 / B200 rows
+RACKS = bridge.DATASETS[1:]      # the DGX-GB200 / GB300 (NVL72) rows
+
 
 def test_every_published_bridge_configuration_is_judged_to_fit():
     """NVIDIA's 23 published Megatron-Bridge pre-training configurations all ran: the gate must
     not refuse one (issue: 18 of 29 were judged not to fit)."""
-    rows = bridge.rows()
+    rows = bridge.rows(datasets=DGX)
     assert len(rows) == 23 and all("error" not in r for r in rows)
     assert [r["id"] for r in rows if not r["fits"]] == []
 
@@ -38,11 +41,56 @@ def test_launches_that_ran_break_no_megatron_rule():
     for name, world in (("deepseek-v3.sh", 2048), ("llama3-405b-meta.sh", 16384)):
         launch = parse_file(bridge.DATA / "published" / name, env={}, default_world_size=world)
         bad[name] = [str(v) for v in megatron_violations(launch)]
-    assert len(bad) == 25 and not any(bad.values()), {k: v for k, v in bad.items() if v}
+    gb_perf, gb_launches = bridge.load(*RACKS[0])
+    for row in gb_launches:
+        launch = bridge.read_launch(row["launch"], row["id"], gb_perf[row["id"]]["gpus"], row["env"])
+        bad[row["id"]] = [str(v) for v in megatron_violations(launch)]
+    assert len(bad) == 45 and not any(bad.values()), {k: v for k, v in bad.items() if v}
+
+
+def test_rack_rows_load_and_every_priced_row_has_a_finite_step_time():
+    """The 25.11 DGX-GB200 and DGX-GB300 rows: 10 per system (6 dense, 4 MoE), each priced on
+    NVL72 racks from its recipe launch with a finite positive step time; with the published
+    layouts too, except DeepSeek-V3 on GB300, whose published PP8 x EP64 cannot tile 256 GPUs."""
+    import math
+
+    for as_published in (False, True):
+        rows = bridge.rows(as_published, datasets=RACKS)
+        assert len(rows) == 20
+        for system in ("dgx-gb200", "dgx-gb300"):
+            mine = [r for r in rows if r["system"] == system]
+            assert (len(mine), sum(r["dense"] for r in mine)) == (10, 6)
+        failed = [r["id"] for r in rows if "error" in r]
+        assert failed == (["deepseek_v3-gb300-288g-mxfp8-25.11"] if as_published else []), failed
+        assert all(math.isfinite(r["predicted_s"]) and r["predicted_s"] > 0 for r in rows if "error" not in r)
+    gb300_deepseek = {r["id"]: r for r in bridge.rows(True, datasets=RACKS)}["deepseek_v3-gb300-288g-mxfp8-25.11"]
+    assert "expert" in gb300_deepseek["error"]
+
+
+def test_a_rack_row_is_the_published_table_and_runs_on_racks():
+    """One row checked by hand against its source: NVIDIA-NeMo/Megatron-Bridge@44dae92b0
+    docs/performance-summary.md line 66, DGX-GB200, LLAMA3_70B, FP8-CS: 64 GPUs, GBS 128, MBS 2,
+    seq 8192, FSDP 1, TP 1, PP 1, CP 1, VP 1, EP 1, GA 1, 4312 tokens/s/GPU, 1937 TFLOP/s/GPU; its
+    launch is the v0.2.0 GB200 preset (Megatron-FSDP, 40 layers' activations offloaded) on 16
+    trays of 4 GPUs in one 64-GPU NVLink domain."""
+    perf, launches = bridge.load(*RACKS[0])
+    r = perf["llama3_70b-gb200-186g-fp8-cs-25.11"]
+    assert (r["gpus"], r["gbs"], r["mbs"], r["seq"], r["fsdp_column"], r["tp"], r["pp"], r["cp"], r["vp"], r["ep"],
+            r["ga"]) == (64, 128, 2, 8192, 1, 1, 1, 1, 1, 1, 1)
+    assert (r["tokens_per_s_per_gpu"], r["model_tflops_per_gpu"], r["precision"]) == (4312, 1937, "fp8-cs")
+    assert "44dae92b0" in r["source"] and "line 66" in r["source"]
+    row = {x["id"]: x for x in launches}[r["id"]]
+    s = bridge.read_launch(row["launch"], row["id"], r["gpus"], row["env"]).strategy
+    assert (s.tp, s.pp, s.dp, s.micro_batch_size, s.global_batch_size) == (1, 1, 64, 2, 128)
+    assert s.cpu_offloading_num_layers == 40
+    g = bridge.dgx_cluster(row["system"], r["gpus"]).node_groups[0]
+    assert (g.nodes, g.gpus_per_node, g.scale_up_domain_gpus, g.gpu.name) == (16, 4, 64, "gb200-186g")
+    measured = {x["id"]: x for x in bridge.rows(datasets=RACKS)}[r["id"]]["measured_s"]
+    assert abs(measured - 3.79962) < 1e-5    # 128 x 8192 tokens / (4312 tokens/s/GPU x 64 GPUs)
 
 
 def test_dense_bridge_step_times_within_ten_percent():
-    rows = [r for r in bridge.rows() if r["id"].startswith("llama")]
+    rows = [r for r in bridge.rows(datasets=DGX) if r["dense"]]
     assert len(rows) == 11
     assert max(abs(r["error_pct"]) for r in rows) < 10.0, [(r["id"], round(r["error_pct"], 1)) for r in rows]
 
