@@ -12,7 +12,9 @@ from .specs.model import ModelSpec
 
 RECOMPUTE = ("none", "selective", "full")
 SCHEDULES = ("1f1b", "interleaved", "zb-h1")
-PRECISIONS = ("bf16", "fp16", "fp8")
+# GEMM precision: bf16 / fp16, fp8 (Transformer Engine, recipe in fp8_recipe) or nvfp4 (Megatron's
+# --fp4-format e2m1 --fp4-recipe nvfp4: TE's NVFP4BlockScaling, Blackwell and later)
+PRECISIONS = ("bf16", "fp16", "fp8", "nvfp4")
 OPTIMIZER_CONVENTIONS = ("megatron", "deepspeed")
 
 
@@ -72,6 +74,8 @@ class Strategy:
     # ---- fp8 (Transformer Engine)
     fp8_recipe: str = "delayed"             # delayed | tensorwise | mxfp8 | blockwise
     fp8_param_gather: bool = False
+    # ---- fp4 (Transformer Engine NVFP4BlockScaling; precision == "nvfp4")
+    fp4_param_gather: bool = False          # --fp4-param-gather: NVFP4 primary weights, gathered in fp4
     # ---- MoE execution
     moe_token_dispatcher_type: str = "alltoall"   # allgather | alltoall | flex
     moe_grouped_gemm: bool = True

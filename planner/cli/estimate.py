@@ -10,7 +10,7 @@ from ..errors import SpecError
 from ..library import load_cluster_ref, load_model_ref
 from ..megatron.check import launch_json, launch_report, load_launch, parse_settings
 from . import app, console, print_json
-from .options import strategy_from_options
+from .options import check_precision_on_cluster, strategy_from_options
 from .plotting import check_folder, estimate_plots, write_plots
 
 
@@ -63,6 +63,7 @@ def estimate(
         s = strategy_from_options(m, c, tp, pp, dp, cp, ep, etp, vpp, micro_batch_size, global_batch_size,
                                   seq_length, recompute, recompute_num_layers, sequence_parallel, zero,
                                   precision, schedule, layers_per_stage, stage_groups, offload_optimizer)
+        check_precision_on_cluster(precision, c)
     e = run_estimate(m, c, s)
     if as_json:
         doc = estimate_to_dict(e)

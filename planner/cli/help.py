@@ -22,7 +22,7 @@ SHARED_HELP = {
     "--seq-length": "Tokens per sequence.",
     "--recompute-num-layers": "With --recompute full: layers fully recomputed per virtual chunk (Megatron's block method).",
     "--sequence-parallel": "Sequence parallelism with TP (--sequence-parallel).",
-    "--precision": "bf16 | fp16 | fp8 (fp8: Transformer Engine's fp8 GEMMs).",
+    "--precision": "bf16 | fp16 | fp8 | nvfp4 (fp8: Transformer Engine's fp8 GEMMs; nvfp4: its NVFP4 GEMMs, Blackwell only).",
     "--layers-per-stage": "Layers on each pipeline stage, comma-separated (default: even, as Megatron splits).",
     "--offload-optimizer": "Keep the optimizer state in host memory (--optimizer-cpu-offload).",
     "--top": "How many plans to list.",

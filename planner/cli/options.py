@@ -82,10 +82,22 @@ def check_precision(precision: str) -> None:
         raise SpecError("--precision", None, f"found {precision!r}, expected one of {', '.join(PRECISIONS)}")
 
 
+def check_precision_on_cluster(precision: str, cluster) -> None:
+    """--precision against every node group's GPU: nvfp4 needs an fp4 tensor peak (Blackwell);
+    one line naming the option, the GPU and what is expected (cost/compute.py precision_problem).
+    fp8 on a GPU without fp8 runs 16-bit, as it always has."""
+    from ..cost.compute import precision_problem   # the cost model
+    for g in cluster.node_groups:
+        problem = precision_problem(Strategy(precision=precision), g.gpu)
+        if problem:
+            raise SpecError("--precision", None, f"{problem} (node group {g.name} of {cluster.name}); "
+                            "expected a cluster of such GPUs, or --precision fp8 / bf16")
+
+
 def search_choices(global_batch_size, seq_length, time_limit, zero, fix, gpus, max_gpus, min_gpu_fraction,
                    objective, train_tokens, jobs=None) -> SearchChoices:
     """The checks `plan` and `sweep` both make (after check_precision and their own), in the
-    order they make them; jobs is sweep's --jobs (None for plan)."""
+    order they make them; jobs is their --jobs (None: not given)."""
     int_option("--global-batch-size", global_batch_size, 1, MAX_COUNT)
     int_option("--seq-length", seq_length, 1, MAX_COUNT)
     int_option("--jobs", jobs, 1, 1024)

@@ -15,7 +15,8 @@ from ..megatron.check import load_plan_or_launch
 from ..search.objective import MIN_GPU_FRACTION, check_objective
 from . import app, console, err_console, error_line, print_json
 from .options import (HELP_ALLOW_TIGHT, HELP_CHARGE_IDLE, HELP_MIN_FRACTION, HELP_OBJECTIVE, HELP_TOKENS,
-                      HELP_ZERO_STAGES, budget_options, check_precision, search_choices)
+                      HELP_ZERO_STAGES, budget_options, check_precision, check_precision_on_cluster,
+                      search_choices)
 from .plotting import check_folder, estimate_plots, write_plots
 
 
@@ -27,7 +28,7 @@ def plan(
     seq_length: int = typer.Option(..., "--seq-length"),
     top: int = typer.Option(3, "--top", min=1, max=50),
     fix: Optional[List[str]] = typer.Option(None, "--fix", help="Pin a choice, e.g. --fix tp=8 --fix recompute=full"),
-    precision: str = typer.Option("bf16", "--precision", help="bf16 | fp16 | fp8"),
+    precision: str = typer.Option("bf16", "--precision", help="bf16 | fp16 | fp8 | nvfp4 (nvfp4: Blackwell GPUs)"),
     zero: str = typer.Option("0,1", "--zero-stages", help=HELP_ZERO_STAGES),
     gpus: Optional[int] = typer.Option(None, "--gpus", help="Use exactly this many of the cluster's GPUs."),
     max_gpus: Optional[int] = typer.Option(None, "--max-gpus", help="Use at most this many of the cluster's GPUs."),
@@ -41,6 +42,8 @@ def plan(
     allow_tight: bool = typer.Option(False, "--allow-tight", help=HELP_ALLOW_TIGHT),
     solver: str = typer.Option("dp", "--solver", help="dp | ilp | ilp-highs: stage-partition solver (the search always prices with the exact DP; ilp re-solves the top plans as an ILP)"),
     time_limit: float = typer.Option(120.0, "--time-limit", help="Seconds before the search stops with its best so far."),
+    jobs: Optional[int] = typer.Option(None, "--jobs", help="Processes the search may use (default: every core; "
+                                                            "1: serial). The plans are the same either way."),
     allow_tp_across_nodes: bool = typer.Option(False, "--allow-tp-across-nodes",
                                                help="Also try TP groups larger than a node (slow networks make them lose)."),
     uneven_chunks: bool = typer.Option(False, "--uneven-chunks",
@@ -62,10 +65,11 @@ def plan(
     from ..emit.writer import check_out_folder
     from ..estimate import estimate as run_estimate
     from ..search.planner import SearchOptions   # numpy
+    from ..search.sweep import default_jobs
     check_precision(precision)
     _check_output_options(solver, emit, out)
     ch = search_choices(global_batch_size, seq_length, time_limit, zero, fix, gpus, max_gpus, min_gpu_fraction,
-                        objective, train_tokens)
+                        objective, train_tokens, jobs)
     # every input and output checked before the search (which may take minutes)
     refs = resolve_model_ref(model), resolve_cluster_ref(cluster)
     if out is not None:
@@ -74,13 +78,14 @@ def plan(
     m = load_model_ref(model)
     c = load_cluster_ref(cluster)
     budget_options(gpus, max_gpus, min_gpu_fraction, c)
+    check_precision_on_cluster(precision, c)
     check_objective(c, ch.objective, charge_idle)
     opts = SearchOptions(global_batch_size=global_batch_size, seq_length=seq_length, top=top,
                          fixed=ch.fixed, precision=precision, zero_stages=ch.zero_stages, solver=solver,
                          time_limit_s=time_limit, allow_tp_across_nodes=allow_tp_across_nodes,
                          uneven_chunks=uneven_chunks, gpus=gpus, max_gpus=max_gpus,
                          min_gpu_fraction=min_gpu_fraction, objective=ch.objective, charge_idle=charge_idle,
-                         keep_dominated=all_plans, allow_tight=allow_tight)
+                         keep_dominated=all_plans, allow_tight=allow_tight, jobs=jobs or default_jobs())
     res = _search(m, c, opts, as_json)
     info = search_info(res, opts)
     if not res.plans:

@@ -12,7 +12,8 @@ from ..library import load_cluster_ref, load_model_ref, resolve_model_ref
 from ..search.objective import MIN_GPU_FRACTION, check_objective
 from . import app, console, err_console, print_json
 from .options import (HELP_ALLOW_TIGHT, HELP_CHARGE_IDLE, HELP_MIN_FRACTION, HELP_OBJECTIVE, HELP_TOKENS,
-                      HELP_ZERO_STAGES, check_precision, search_choices)
+                      HELP_ZERO_STAGES, check_precision, check_precision_on_cluster,
+                      search_choices)
 from .plotting import check_folder, write_plots
 
 
@@ -26,7 +27,7 @@ def sweep(
     global_batch_size: int = typer.Option(..., "--global-batch-size"),
     seq_length: int = typer.Option(..., "--seq-length"),
     fix: Optional[List[str]] = typer.Option(None, "--fix", help="Pin a choice in every search, e.g. --fix tp=8"),
-    precision: str = typer.Option("bf16", "--precision", help="bf16 | fp16 | fp8"),
+    precision: str = typer.Option("bf16", "--precision", help="bf16 | fp16 | fp8 | nvfp4 (nvfp4: Blackwell GPUs)"),
     zero: str = typer.Option("0,1", "--zero-stages", help=HELP_ZERO_STAGES),
     min_gpu_fraction: float = typer.Option(MIN_GPU_FRACTION, "--min-gpu-fraction", help=HELP_MIN_FRACTION,
                                            show_default=True),
@@ -54,6 +55,7 @@ def sweep(
     clusters = [load_cluster_ref(c) for c in cluster]
     for c in clusters:
         check_objective(c, ch.objective, charge_idle)
+        check_precision_on_cluster(precision, c)
     options = sweep_options(clusters, every, named)
     opts = SearchOptions(global_batch_size=global_batch_size, seq_length=seq_length, top=1, fixed=ch.fixed,
                          precision=precision, zero_stages=ch.zero_stages, time_limit_s=time_limit,

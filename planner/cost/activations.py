@@ -10,7 +10,8 @@ fp32 norm statistics, 4-8 bytes per token and norm) and what later kernels chang
 - fused / flash attention keeps only the fp32 log-sum-exp (4 a s b / t), not the s x s scores;
 - GQA shrinks K and V to the query groups; gated MLPs (SwiGLU, GeGLU) keep 2f at the activation input;
 - fp8 (TE): the GEMM inputs kept for wgrad (the two norm outputs, the fc2 input) are stored in
-  fp8, 1 byte (+1/32 for MXFP8 and blockwise scales); Q, K, V, O and the residuals stay 16-bit;
+  fp8, 1 byte (+1/32 for MXFP8 and blockwise scales), under nvfp4 in NVFP4 (1/2 + 1/16 byte);
+  Q, K, V, O and the residuals stay 16-bit;
   delayed scaling keeps an extra fp8 copy of the out-projection input;
 - selective recompute (--recompute-modules) frees, per module, what it will rebuild.
 Element sizes: 16-bit activations 2 bytes, dropout masks 1 byte, norm statistics and softmax
@@ -33,6 +34,14 @@ BYTES_INT32 = 4
 # MXFP8 and blockwise fp8 add scales: one E8M0 byte per 32 elements (MXFP8), one fp32 per 128
 # (blockwise 1x128) = 1/32 byte per element either way (TE float8 blockwise / mxfp8 storage)
 FP8_SCALE_BYTES_PER_ELEMENT = {"mxfp8": 1 / 32, "blockwise": 4 / 128}
+# NVFP4 (TE NVFP4BlockScaling, transformer_engine/common/recipe/__init__.py; Megatron
+# --fp4-format e2m1 --fp4-recipe nvfp4): a 4-bit E2M1 value (1/2 byte) and one E4M3 scale byte
+# per 16 elements (16x16 blocks for weights, stored in the same per-16 layout), plus one fp32
+# scale per tensor (negligible): 1/2 + 1/16 bytes per element in each direction TE stores
+NVFP4_VALUE_BYTES = 0.5
+NVFP4_BLOCK_ELEMENTS = 16
+NVFP4_SCALE_BYTES = 1          # E4M3
+NVFP4_BYTES_PER_ELEMENT = NVFP4_VALUE_BYTES + NVFP4_SCALE_BYTES / NVFP4_BLOCK_ELEMENTS
 # Fused attention kernels need sm80 or newer: FlashAttention-2 builds for compute capability 8.0+
 # (its README: Ampere, Ada, Hopper), TE's cuDNN FusedAttention requires sm_arch >= 80
 # (transformer_engine/common/fused_attn/fused_attn.cpp, nvte_get_fused_attn_backend). On older
@@ -57,7 +66,10 @@ def _dims(model: ModelSpec, s: Strategy):
 
 def gemm_input_bytes(s: Strategy) -> float:
     """Bytes per element of a GEMM input kept for the weight gradient: 2 in bf16/fp16; 1 in fp8
-    (TE saves the quantized column-wise copy only), plus the scales of MXFP8 / blockwise."""
+    (TE saves the quantized column-wise copy only), plus the scales of MXFP8 / blockwise; under
+    nvfp4 the column-wise NVFP4 copy (Hadamard-transformed for wgrad), NVFP4_BYTES_PER_ELEMENT."""
+    if s.precision == "nvfp4":
+        return NVFP4_BYTES_PER_ELEMENT
     if s.precision != "fp8":
         return BYTES_16BIT
     return 1.0 + FP8_SCALE_BYTES_PER_ELEMENT.get(s.fp8_recipe, 0.0)

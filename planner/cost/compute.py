@@ -16,16 +16,35 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from ..errors import InvalidStrategy
 from ..specs.hardware import GPUProfile
 from ..specs.model import ModelSpec
 from ..strategy import Strategy
-from .activations import attention_on_gpu, expert_tokens_per_rank
+from .activations import NVFP4_BYTES_PER_ELEMENT, attention_on_gpu, expert_tokens_per_rank
 from .moe_schedule import MoENodes, ScheduleNode
 
 BYTES_16BIT = 2
 # Flash-attention backward does 5 matmuls to the forward's 2 (it recomputes P): 2.5x forward FLOPs
 # (Dao 2023, FlashAttention-2, sec. 3.1). Unfused attention backward is 2x forward, like GEMMs.
 FLASH_BACKWARD_FACTOR = 2.5
+# MXFP8 GEMMs need Blackwell tensor cores (sm100): Transformer Engine refuses the MXFP8 recipe
+# below it (transformer_engine/pytorch/quantization.py check_mxfp8_support: "MXFP8 ... only
+# supported on Blackwell"); NVFP4 likewise (check_nvfp4_support, sm100+) - a profile says so by
+# its fp4 peak.
+MXFP8_MIN_COMPUTE_CAPABILITY = 10.0
+# Quantization passes (TE cast kernels, memory-bound), bytes per element of a 16-bit input:
+# - fp8 cast: read 2, write 1; current scaling (tensorwise, blockwise) first reads the tensor for
+#   its amax (+2, one more kernel). MXFP8 needs no amax pass (each 32-element block's E8M0 scale
+#   comes from the block itself) but writes a row-wise and a column-wise copy with their scales
+#   (2 x (1 + 1/32); transformer_engine/common/cast/mxfp8).
+# - NVFP4 (NVFP4BlockScaling): one pass computes the amax of the tensor and of its random Hadamard
+#   transform (nvte_hadamard_transform_amax: read 2), the cast then reads it again and writes the
+#   row-wise copy and the Hadamard-transformed column-wise copy for wgrad (stochastic rounding
+#   for gradients, in the same kernel): 2 + 2 + 2 x NVFP4_BYTES_PER_ELEMENT, 2 kernels.
+FP8_CAST_BYTES = 2 + 1
+AMAX_PASS_BYTES = 2
+MXFP8_CAST_BYTES = 2 + 2 * (1 + 1 / 32)
+NVFP4_CAST_BYTES = AMAX_PASS_BYTES + 2 + 2 * NVFP4_BYTES_PER_ELEMENT
 
 
 @dataclass(frozen=True)
@@ -78,19 +97,35 @@ def gemm_efficiency(gpu: GPUProfile, dtype: str, m: float, n: float, k: float) -
       (out-projection and fc2 at high TP, attention's QK^T over a head dimension) run slower.
     Big GEMMs reach eff_max; thin TP shards and small hidden sizes fall below it."""
     e = gpu.efficiency
-    eff_max = (e.matmul_fp8 or e.matmul) if dtype == "fp8" else e.matmul
+    eff_max = matmul_efficiency(gpu, dtype)
     T = e.gemm_tile
     q = (m * n) / (math.ceil(m / T) * T * math.ceil(n / T) * T) if m > 0 and n > 0 else 1.0
     fill = k / (k + e.gemm_k_fill) if k > 0 else 1.0
     return eff_max * q * fill
 
 
+def matmul_efficiency(gpu: GPUProfile, dtype: str) -> float:
+    """A large GEMM's sustained throughput / the dtype's peak: the profile's `matmul`, or
+    `matmul_fp8` for fp8, `matmul_fp4` for NVFP4 (falling back to matmul_fp8, then matmul)."""
+    e = gpu.efficiency
+    if dtype == "fp4":
+        return e.matmul_fp4 or e.matmul_fp8 or e.matmul
+    if dtype == "fp8":
+        return e.matmul_fp8 or e.matmul
+    return e.matmul
+
+
+# bytes per element of a GEMM's input operands by GEMM dtype (fp4: NVFP4 values + block scales)
+GEMM_INPUT_BYTES = {"fp8": 1, "fp4": NVFP4_BYTES_PER_ELEMENT}
+
+
 def gemm_time(gpu: GPUProfile, dtype: str, m: float, n: float, k: float, batch: float = 1) -> float:
     """Seconds for `batch` independent (m x k) @ (k x n) GEMMs in one kernel (a batched or
     grouped GEMM): the roofline of their FLOPs at gemm_efficiency and of the bytes they move
-    (2-byte operands, 1-byte for fp8 inputs), plus one fixed per-kernel cost."""
+    (2-byte operands, 1-byte for fp8 inputs, NVFP4_BYTES_PER_ELEMENT for fp4), plus one fixed
+    per-kernel cost."""
     flops = 2.0 * m * n * k * batch
-    in_bytes = 1 if dtype == "fp8" else BYTES_16BIT
+    in_bytes = GEMM_INPUT_BYTES.get(dtype, BYTES_16BIT)
     bytes_moved = batch * (in_bytes * (m * k + k * n) + BYTES_16BIT * m * n)
     e = gpu.efficiency
     return gpu.compute_time_scale * (max(flops / (gpu.peak(dtype) * gemm_efficiency(gpu, dtype, m, n, k)),
@@ -105,12 +140,46 @@ def stream_time(gpu: GPUProfile, bytes_moved: float, kernels: int = 1) -> float:
                                      + kernels * e.kernel_overhead_s)
 
 
+def precision_problem(s: Strategy, gpu: GPUProfile) -> str | None:
+    """Why `gpu` cannot run the strategy's precision (None: it can): nvfp4 needs the GPU's fp4
+    tensor peak (Blackwell), MXFP8 Blackwell's compute capability, as Transformer Engine
+    checks at start-up."""
+    if s.precision == "nvfp4" and not gpu.supports("fp4"):
+        return (f"nvfp4 needs fp4 tensor cores (a peak_tflops.fp4 in the GPU profile: Blackwell, e.g. b200-sxm-180g, "
+                f"gb200-186g, gb300-288g, b300-sxm-288g); {gpu.name} has none")
+    if (s.precision == "fp8" and s.fp8_recipe == "mxfp8" and gpu.supports("fp8")
+            and gpu.compute_capability < MXFP8_MIN_COMPUTE_CAPABILITY):
+        return (f"--fp8-recipe mxfp8 needs Blackwell (compute capability >= {MXFP8_MIN_COMPUTE_CAPABILITY:g}); "
+                f"{gpu.name} has {gpu.compute_capability:g} (Transformer Engine refuses it; expected tensorwise, "
+                "delayed or blockwise)")
+    return None
+
+
 def gemm_dtype(s: Strategy, gpu: GPUProfile) -> str:
+    """The dtype a transformer layer's TE GEMMs run in. Refuses a precision the GPU lacks
+    (precision_problem); fp8 on a GPU without fp8 runs 16-bit, as before."""
+    problem = precision_problem(s, gpu)
+    if problem:
+        raise InvalidStrategy("precision", problem)
+    if s.precision == "nvfp4":
+        return "fp4"
     if s.precision == "fp8" and gpu.supports("fp8"):
         return "fp8"
     if s.precision == "fp16" or not gpu.supports("bf16"):
         return "fp16"
     return "bf16"
+
+
+def high_precision_dtype(s: Strategy, gpu: GPUProfile) -> str:
+    """The dtype of the GEMMs Megatron runs outside Transformer Engine's quantized linears under
+    nvfp4: the output layer (tensor_parallel.ColumnParallelLinear), the MoE router (a plain
+    linear in --moe-router-dtype or the params' dtype), attention's core (NVFP4BlockScaling has
+    fp8_dpa off) - bf16, or fp16 with --fp16. Under fp8 the planner keeps pricing them as before
+    (gemm_dtype)."""
+    dt = gemm_dtype(s, gpu)
+    if dt == "fp4":
+        return mfu_peak_dtype(gpu)
+    return dt
 
 
 def mfu_peak_dtype(gpu: GPUProfile) -> str:
@@ -142,8 +211,15 @@ HOST_BACKWARD_PER_FORWARD_KERNEL = 2.0
 class _Parts:
     """Accumulates one layer's forward seconds, FLOPs and host kernels by named part."""
 
-    def __init__(self, gpu: GPUProfile, dtype: str, fp8: bool):
+    def __init__(self, gpu: GPUProfile, dtype: str, fp8: bool, cast_bytes: float = FP8_CAST_BYTES,
+                 cast_kernels: int = 1, high_dtype: str | None = None):
+        # fp8: the linears quantize (fp8 or fp4); cast_bytes / cast_kernels: one quantization's
+        # bytes per element and kernels (the recipe's); high_dtype: GEMMs TE does not quantize
         self.gpu, self.dt, self.fp8 = gpu, dtype, fp8
+        self.cast_bytes, self.cast_kernels = cast_bytes, cast_kernels
+        self.high_dt = high_dtype or dtype
+        self.quantized_outputs = 0.0   # elements of the quantized linears' outputs (their gradients)
+        self.quantized_linears = 0     # quantized linear kernels (one output gradient each)
         self.time: dict[str, float] = {}
         self.gemm: dict[str, float] = {}   # GEMM share of each part (dgrad and wgrad repeat it)
         self.flops = 0.0
@@ -169,12 +245,18 @@ class _Parts:
             if extra > 0:
                 self.time[part] = self.time.get(part, 0.0) + extra * per
 
-    def linear(self, part: str, m: float, n: float, k: float, batch: float = 1, grouped: bool = False) -> None:
+    def linear(self, part: str, m: float, n: float, k: float, batch: float = 1, grouped: bool = False,
+               quantized: bool = True) -> None:
         """A (TE) linear layer: its GEMM(s); under fp8 its input is quantized unless a fused
-        norm produced it in fp8 (quantize_input=False is passed for those)."""
-        self._add(part, gemm_time(self.gpu, self.dt, m, n, k, batch), 0.0, True, 1.0)
+        norm produced it in fp8 (quantize_input=False is passed for those). quantized=False: a
+        GEMM outside TE's quantized linears (the router), in high_dt."""
+        dt = self.dt if quantized else self.high_dt
+        self._add(part, gemm_time(self.gpu, dt, m, n, k, batch), 0.0, True, 1.0)
         self.flops += 2.0 * m * n * k * batch
-        host = HOST_KERNELS["te_linear_fp8" if self.fp8 else "te_linear"]
+        if quantized:
+            self.quantized_outputs += m * n * batch
+            self.quantized_linears += 1
+        host = HOST_KERNELS["te_linear_fp8" if self.fp8 and quantized else "te_linear"]
         if grouped:
             host += batch - 1          # one cuBLAS GEMM per expert (TE multi_stream_cublas_gemm)
             if self.fp8:
@@ -184,16 +266,33 @@ class _Parts:
     def stream(self, part: str, nbytes: float, kernels: int, host: float | None = None) -> None:
         self._add(part, stream_time(self.gpu, nbytes, kernels), kernels if host is None else host, False, kernels)
 
-    def quantize(self, part: str, elements: float, current_scaling: bool) -> None:
-        """fp8 cast of a 16-bit tensor: read 2 bytes, write 1 (+ a 2-byte amax pass with current
-        scaling, TE's tensorwise / blockwise / MXFP8 recipes compute the scale from the tensor)."""
-        self.stream(part, elements * (3 + (2 if current_scaling else 0)), kernels=1 + (1 if current_scaling else 0))
+    def quantize(self, part: str, elements: float) -> None:
+        """Quantization of a 16-bit tensor of `elements` for a quantized GEMM: the recipe's
+        cast_bytes per element in cast_kernels kernels (quantization_pass)."""
+        self.stream(part, elements * self.cast_bytes, kernels=self.cast_kernels)
 
     def total(self, parts=None) -> float:
         return sum(v for k, v in self.time.items() if parts is None or k in parts)
 
     def host(self, parts=None) -> float:
         return sum(v for k, v in self.kernels.items() if parts is None or k in parts)
+
+
+def quantization_pass(s: Strategy, dtype: str) -> tuple[float, int]:
+    """(bytes per element, kernels) of one quantization of a 16-bit GEMM input under the
+    strategy's recipe (constants above): fp8 delayed scaling a cast (3 B, 1 kernel); tensorwise
+    and blockwise current scaling an amax pass and a cast (5 B, 2); MXFP8 one cast writing both
+    directions with scales (~6.06 B, 1); NVFP4 the amax pass and a cast writing both directions
+    (~5.13 B, 2). (0, 0) when nothing is quantized."""
+    if dtype == "fp4":
+        return NVFP4_CAST_BYTES, 2
+    if dtype != "fp8":
+        return 0.0, 0
+    if s.fp8_recipe == "mxfp8":
+        return MXFP8_CAST_BYTES, 1
+    if s.fp8_recipe == "delayed":
+        return FP8_CAST_BYTES, 1
+    return FP8_CAST_BYTES + AMAX_PASS_BYTES, 2
 
 
 # Parts each --recompute-modules entry re-runs (megatron/core/transformer/transformer_layer.py,
@@ -251,8 +350,9 @@ def cuda_graph_parts(s: Strategy, moe: bool) -> set | None:
 def layer_time(model: ModelSpec, s: Strategy, gpu: GPUProfile, moe: bool) -> LayerTime:
     s = attention_on_gpu(s, gpu)
     dt = gemm_dtype(s, gpu)
-    fp8 = dt == "fp8"
-    cs = fp8 and s.fp8_recipe != "delayed"
+    fp8 = dt in ("fp8", "fp4")           # the TE linears quantize their inputs (fp8 or NVFP4)
+    fp4 = dt == "fp4"
+    cast_bytes, cast_kernels = quantization_pass(s, dt)
     t = s.tp
     b = s.micro_batch_size
     s_q = s.seq_length / s.cp
@@ -262,10 +362,14 @@ def layer_time(model: ModelSpec, s: Strategy, gpu: GPUProfile, moe: bool) -> Lay
     dqk, dv = attention_head_dims(model)
     a_loc = a / t
     g_loc = max(model.num_query_groups / t, 1.0)
-    P = _Parts(gpu, dt, fp8)
+    P = _Parts(gpu, dt, fp8, cast_bytes, cast_kernels, high_precision_dtype(s, gpu))
     norm_bytes = 2 * BYTES_16BIT * M_sp * h                       # read input, write output
     # --- attention block: input norm (fused into the QKV linear by TE, still one pass)
     P.stream("norm_attn", norm_bytes, 1, HOST_KERNELS["norm"])
+    if fp4:
+        # NVFP4 with Hadamard transforms: TE's norm does not emit NVFP4 itself (normalization.cpp
+        # Impl::UNFUSED), its 16-bit output is quantized by the NVFP4 cast
+        P.quantize("qkv", M * h)
     if model.multi_latent_attention:
         if model.q_lora_rank:
             P.linear("qkv", M, model.q_lora_rank, h)
@@ -286,7 +390,7 @@ def layer_time(model: ModelSpec, s: Strategy, gpu: GPUProfile, moe: bool) -> Lay
     if s.fused_attention:
         # flash / cuDNN: causal blocks above the diagonal skipped; 2 GEMM-like passes forward
         attn_flops = 4.0 * s_q * keys * b * a_loc * (dqk + dv) / 2
-        core = gpu.compute_time_scale * (attn_flops / (gpu.peak(dt if dt != "fp8" else "bf16")
+        core = gpu.compute_time_scale * (attn_flops / (gpu.peak(dt if dt not in ("fp8", "fp4") else "bf16")
                                                        * gpu.efficiency.flash_attention)
                                          + gpu.efficiency.kernel_overhead_s)
         P._add("core_attn", core, HOST_KERNELS["attention"], False, 1.0)
@@ -296,8 +400,8 @@ def layer_time(model: ModelSpec, s: Strategy, gpu: GPUProfile, moe: bool) -> Lay
         # AV (s_q x s_k) @ (s_k x d_v) over all keys, + fused scale-mask-softmax (+ dropout)
         attn_flops = 4.0 * s_q * s.seq_length * b * a_loc * (dqk + dv) / 2
         heads = b * a_loc
-        core = (gemm_time(gpu, dt, s_q, s.seq_length, dqk, batch=heads)
-                + gemm_time(gpu, dt, s_q, dv, s.seq_length, batch=heads))
+        core = (gemm_time(gpu, P.high_dt, s_q, s.seq_length, dqk, batch=heads)
+                + gemm_time(gpu, P.high_dt, s_q, dv, s.seq_length, batch=heads))
         score_elems = s_q * s.seq_length * b * a_loc
         bytes_sm = BYTES_16BIT * 2 * score_elems + (5 * score_elems if model.attention_dropout > 0 else 0)
         core += stream_time(gpu, bytes_sm, kernels=2)
@@ -305,7 +409,7 @@ def layer_time(model: ModelSpec, s: Strategy, gpu: GPUProfile, moe: bool) -> Lay
         core_bwd = 2 * core
     P.flops += attn_flops
     if fp8:
-        P.quantize("proj", M * a_loc * dv, cs)   # the attention output feeds the out-projection
+        P.quantize("proj", M * a_loc * dv)   # the attention output feeds the out-projection
     P.linear("proj", M, h, a_loc * dv)
     res_bytes = (3 * BYTES_16BIT + (1 if model.hidden_dropout > 0 else 0)) * M_sp * h   # bias-dropout-add
     P.stream("residual_attn", res_bytes, 1, HOST_KERNELS["residual"])
@@ -314,37 +418,41 @@ def layer_time(model: ModelSpec, s: Strategy, gpu: GPUProfile, moe: bool) -> Lay
     if not moe:
         f = model.ffn_hidden_size
         P.stream("norm_mlp", norm_bytes, 1, HOST_KERNELS["norm"])
+        if fp4:
+            P.quantize("fc1", M * h)
         P.linear("fc1", M, f * glu / t, h)
         P.stream("act", BYTES_16BIT * M * f / t * (glu + 1), 1, HOST_KERNELS["activation"])
         if fp8:
-            P.quantize("fc2", M * f / t, cs)
+            P.quantize("fc2", M * f / t)
         P.linear("fc2", M, h, f / t)
     else:
         T = expert_tokens_per_rank(model, s)   # routed token copies on this rank
         e_loc = model.num_experts / s.ep
         f = model.moe_ffn_hidden_size / s.expert_tp
         P.stream("norm_mlp", norm_bytes, 1, HOST_KERNELS["norm"])
-        P.linear("router", M_sp, model.num_experts, h)
+        P.linear("router", M_sp, model.num_experts, h, quantized=not fp4)
         P.stream("router", (BYTES_16BIT + 4) * M_sp * model.num_experts * 3, 4, HOST_KERNELS["router"])
         P.stream("permute", 2 * BYTES_16BIT * T * h, 2, HOST_KERNELS["permute"])
         # grouped GEMMs over the local experts: e_loc GEMMs of T / e_loc tokens in one kernel
         # (TE GroupedLinear), plus one kernel overhead per further expert for its tiles' setup
         if fp8:
-            P.quantize("experts_fc1", T * h, cs)
+            P.quantize("experts_fc1", T * h)
         P.linear("experts_fc1", T / e_loc, f * glu, h, batch=e_loc, grouped=True)
         P._add("experts_fc1", (e_loc - 1) * gpu.efficiency.kernel_overhead_s * gpu.compute_time_scale, 0.0, True, e_loc - 1)
         P.stream("moe_act", BYTES_16BIT * T * f * (glu + 1), 1, HOST_KERNELS["activation"])
         if fp8:
-            P.quantize("experts_fc2", T * f, cs)
+            P.quantize("experts_fc2", T * f)
         P.linear("experts_fc2", T / e_loc, h, f, batch=e_loc, grouped=True)
         P._add("experts_fc2", (e_loc - 1) * gpu.efficiency.kernel_overhead_s * gpu.compute_time_scale, 0.0, True, e_loc - 1)
         P.stream("unpermute", 2 * BYTES_16BIT * T * h, 2, HOST_KERNELS["unpermute"])
         if model.moe_shared_expert_intermediate_size:
             fs = model.moe_shared_expert_intermediate_size
+            if fp4:
+                P.quantize("shared", M * h)
             P.linear("shared", M, fs * glu / t, h)
             P.stream("shared", BYTES_16BIT * M * fs / t * (glu + 1), 1, HOST_KERNELS["activation"])
             if fp8:
-                P.quantize("shared", M * fs / t, cs)
+                P.quantize("shared", M * fs / t)
             P.linear("shared", M, h, fs / t)
     P.stream("residual_mlp", res_bytes, 1, HOST_KERNELS["residual"])
     P.charge_kernels()
@@ -354,8 +462,12 @@ def layer_time(model: ModelSpec, s: Strategy, gpu: GPUProfile, moe: bool) -> Lay
     # backward: each GEMM's dgrad and wgrad take its forward time (under fp8 the output
     # gradients are quantized too); elementwise ops about twice their forward
     grad_quant = 0.0
-    if fp8:
-        grad_quant = sum(stream_time(gpu, M * h * (3 + (2 if cs else 0)), 1 + (1 if cs else 0)) for _ in range(2))
+    if fp4:
+        # NVFP4 quantizes every quantized linear's output gradient (Hadamard transform and
+        # stochastic rounding, NVFP4BlockScaling fp4_quant_bwd_grad) for its dgrad and wgrad
+        grad_quant = stream_time(gpu, P.quantized_outputs * cast_bytes, cast_kernels * P.quantized_linears)
+    elif fp8:
+        grad_quant = sum(stream_time(gpu, M * h * cast_bytes, cast_kernels) for _ in range(2))
     b_input = gemm_fwd + core_bwd + 2 * elementwise + grad_quant
     b_weight = gemm_fwd
     if s.recompute == "full":
@@ -436,8 +548,9 @@ def _moe_nodes(P: "_Parts", core: float, core_bwd: float, grad_quant: float, rec
 
 
 def output_layer_time(model: ModelSpec, s: Strategy, gpu: GPUProfile) -> tuple[float, float]:
-    """(forward, backward) seconds of final norm + output projection + cross entropy."""
-    dt = gemm_dtype(s, gpu)
+    """(forward, backward) seconds of final norm + output projection + cross entropy. Under
+    nvfp4 the output layer is not a TE quantized linear: bf16 (high_precision_dtype)."""
+    dt = high_precision_dtype(s, gpu)
     M = s.seq_length / s.cp * s.micro_batch_size
     v_loc = model.padded_vocab_size(s.tp) / s.tp
     h = model.hidden_size

@@ -80,7 +80,10 @@ def memory_uncertainty(model: ModelSpec) -> float:
 def bytes_per_param(s: Strategy) -> dict:
     """GPU bytes per parameter of each training state before sharding, from the launch's dtypes
     (megatron/core/optimizer/optimizer_config.py, param_and_grad_buffer.py; TE FusedAdam):
-    - parameters: 2 (bf16/fp16), 1 with fp8 primary weights (--fp8-param-gather);
+    - parameters: 2 (bf16/fp16), 1 with fp8 primary weights (--fp8-param-gather), with NVFP4
+      primary weights (--fp4-param-gather) the packed row-wise NVFP4 data and its block scales
+      in the parameter buffer, act.NVFP4_BYTES_PER_ELEMENT (megatron/core/fp4_utils.py
+      get_nvfp4_rowwise_packed_shape: last dim // 2);
     - gradients: the grad buffer, fp32 (4) unless --grad-reduce-in-bf16 or main_grads_dtype bf16;
     - optimizer: master weights + exp_avg + exp_avg_sq. Default fp32 (4 + 4 + 4). With
       --use-precision-aware-optimizer each takes its dtype, and when TE's FusedAdam holds the
@@ -90,6 +93,8 @@ def bytes_per_param(s: Strategy) -> dict:
     if s.optimizer_convention == "deepspeed":
         return {"parameters": 2, "gradients": 2, "optimizer": 12}
     params = 1 if (s.precision == "fp8" and s.fp8_param_gather) else 2
+    if s.precision == "nvfp4" and s.fp4_param_gather:
+        params = act.NVFP4_BYTES_PER_ELEMENT
     grads = 2 if (s.grad_reduce_in_bf16 or s.main_grads_dtype == "bf16") else 4
     if s.use_precision_aware_optimizer:
         master = DTYPE_BYTES[s.main_params_dtype]
@@ -110,7 +115,7 @@ def gradient_comm_bytes(s: Strategy) -> int:
 
 def param_gather_bytes(s: Strategy) -> int:
     """Bytes per parameter the distributed optimizer's parameter all-gather moves: the model
-    weights' dtype (fp8 primary weights with --fp8-param-gather)."""
+    weights' dtype (fp8 primary weights with --fp8-param-gather, NVFP4 with --fp4-param-gather)."""
     return bytes_per_param(s)["parameters"]
 
 
@@ -119,7 +124,15 @@ def fp8_weight_cache_bytes(s: Strategy, gpu: GPUProfile) -> float:
     across micro-batches under fp8 (transformer_engine/pytorch/module/linear.py, weight workspace;
     float8_tensor_storage.py): on Hopper per-tensor fp8 a row-wise copy and its transpose (2),
     MXFP8 both with scales (2 x (1 + 1/32)), Blackwell per-tensor one copy (1). With fp8 primary
-    weights (--fp8-param-gather) the weight is already fp8 and only Hopper's transpose remains."""
+    weights (--fp8-param-gather) the weight is already fp8 and only Hopper's transpose remains.
+    NVFP4 (TE NVFP4BlockScaling, nvfp4_tensor.py): a row-wise (fprop) and a column-wise
+    (dgrad) NVFP4 copy, 2 x act.NVFP4_BYTES_PER_ELEMENT (the 16x16 weight blocks make one the
+    other's transpose, but TE stores both); with --fp4-param-gather the parameter is the
+    row-wise copy and only the column-wise one is cached."""
+    if s.precision == "nvfp4":
+        if not gpu.supports("fp4"):
+            return 0.0
+        return act.NVFP4_BYTES_PER_ELEMENT * (1 if s.fp4_param_gather else 2)
     if s.precision != "fp8" or not gpu.supports("fp8"):
         return 0.0
     hopper = gpu.compute_capability < 10.0

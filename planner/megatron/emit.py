@@ -180,6 +180,13 @@ def megatron_args(model: ModelSpec, s: Strategy) -> list[str]:
             add("--fp8-recipe", s.fp8_recipe)
         if s.fp8_param_gather:
             add("--fp8-param-gather")
+    if s.precision == "nvfp4":
+        # Megatron's fp4 training flags (arguments.py at the pinned commit): the E2M1 format and
+        # TE's NVFP4BlockScaling recipe, in bf16 for everything TE does not quantize
+        add("--fp4-format", "e2m1")
+        add("--fp4-recipe", "nvfp4")
+        if s.fp4_param_gather:
+            add("--fp4-param-gather")
     add("--attention-backend", "auto" if s.fused_attention else "unfused")
     return a
 

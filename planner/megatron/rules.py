@@ -226,6 +226,14 @@ def megatron_violations(launch: MegatronLaunch, model: ModelSpec | None = None) 
                 "--use-precision-aware-optimizer")
         if val("fp8_param_gather") and val("fp8_recipe") != "delayed":
             bad("cpu-offload-fp8-recipe", "--optimizer-cpu-offload with --fp8-param-gather needs --fp8-recipe delayed")
+    # --- fp4 (validate_args and TransformerConfig.__post_init__; Megatron also needs Transformer
+    # Engine >= 2.7.0.dev0 for --fp4-format, which a launch script does not show)
+    if val("fp4") is not None and val("fp8") is not None:
+        bad("fp4-with-fp8", "--fp4-format and --fp8-format cannot be used simultaneously")
+    if val("fp4_param_gather") and val("fp4") is None:
+        bad("fp4-param-gather-needs-fp4", "--fp4-param-gather must be used together with --fp4-format")
+    if val("fp4") is not None and val("fp4_recipe") == "custom" and not val("fp4_quantizer_factory"):
+        bad("fp4-custom-needs-factory", "--fp4-recipe custom needs --fp4-quantizer-factory", SOURCE_TC)
     if val("use_precision_aware_optimizer"):
         if val("optimizer") != "adam":
             bad("precision-aware-needs-adam", "--use-precision-aware-optimizer only supported with adam", SOURCE_OPT)

@@ -50,6 +50,7 @@ def strategy_from_flags(v: dict, val, model: ModelSpec, world: int | None, sourc
         **_state_dtypes(val),
         cpu_offloading_num_layers=val("cpu_offloading_num_layers"),
         fp8_recipe=val("fp8_recipe"), fp8_param_gather=bool(val("fp8_param_gather")),
+        fp4_param_gather=bool(val("fp4_param_gather")),
         delay_wgrad_compute=bool(val("delay_wgrad_compute")), chunk_layers=chunk_layers,
         use_precision_aware_optimizer=bool(val("use_precision_aware_optimizer")),
         cuda_graph_impl=graph_impl, cuda_graph_scope=tuple(scope_words), **moe_kw)
@@ -94,7 +95,13 @@ def _precision_sharding_attention(v: dict, val, notes: list, unpriced: list) -> 
     """Strategy's precision, zero_stage and fused_attention; the optimizer and fp8 recipe the
     planner does not price."""
     # precision
-    if val("fp8") is not None:
+    if val("fp4") is not None:
+        precision = "nvfp4"
+        if val("fp4_recipe") == "custom":
+            unpriced.append(("--fp4-recipe custom", "a custom fp4 quantizer factory; priced as nvfp4"))
+        if val("fp16"):
+            unpriced.append(("--fp16", "fp4 with fp16 for the layers TE does not quantize; priced with bf16"))
+    elif val("fp8") is not None:
         precision = "fp8"
     elif val("fp16"):
         precision = "fp16"

@@ -161,6 +161,7 @@ EFFICIENCY_PROPERTIES = {
     "network": _fraction("NCCL bus bandwidth / NIC line rate"),
     "flash_attention": _fraction("fused attention achieved / peak TFLOP/s"),
     "matmul_fp8": _fraction("large fp8 GEMM achieved / fp8 peak TFLOP/s (default: matmul)"),
+    "matmul_fp4": _fraction("large NVFP4 GEMM achieved / fp4 peak TFLOP/s (default: matmul_fp8, then matmul)"),
     "gemm_tile": _int("GEMM output tile edge, elements: work on partial tiles is wasted (default 128)"),
     "gemm_k_fill": _int("per-tile pipeline fill + epilogue, in K-loop elements (default 0)", minimum=0),
     "host_launch_overhead": {**TIME, "description": "host CPU time to issue one kernel from eager PyTorch (default 0)"},
