@@ -147,3 +147,22 @@ def test_megatron_fp4_rules():
     assert "fp4-with-fp8" in [v.rule for v in megatron_violations(both)]
     alone = parse_words((base + " --fp4-param-gather").split(), "t", world_size=8)
     assert "fp4-param-gather-needs-fp4" in [v.rule for v in megatron_violations(alone)]
+
+
+@pytest.mark.parametrize("model, kw", [
+    ("llama3-8b", dict(tp=2, pp=2, dp=64, vpp=2, micro_batch_size=1, recompute="selective", zero_stage=1)),
+    ("llama3-70b", dict(tp=4, pp=4, dp=16, micro_batch_size=1, recompute="none", zero_stage=1)),
+    ("mixtral-8x7b", dict(tp=2, pp=2, dp=64, ep=8, etp=1, micro_batch_size=1, recompute="full", zero_stage=1)),
+])
+def test_search_bounds_hold_under_nvfp4(model, kw):
+    # the search's step-time and peak-memory bounds price nvfp4 with the same cost functions as
+    # estimate(): every bound stays <= the estimate (tests/test_search.py's brute-force checks)
+    from test_search import assert_bounds, assert_peak_bounds
+    from planner.search.bounds import Bounds
+    from planner.search.planner import GpuBudget
+    m, c = load_model_ref(model), load_cluster_ref("gb200-nvl72-x4")
+    s = Strategy(global_batch_size=512, seq_length=4096, sequence_parallel=True, precision="nvfp4",
+                 schedule="interleaved" if kw.get("vpp", 1) > 1 else "1f1b", overlap_grad_reduce=True, **kw)
+    e = estimate(m, c, s)
+    assert_bounds(Bounds(m, c), c, s, s, e, budget=GpuBudget())
+    assert_peak_bounds(m, c, s, e, False, GpuBudget())
