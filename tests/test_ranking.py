@@ -58,6 +58,8 @@ def test_edit_flags():
     got = ranking.edit_flags(text, {"--nnodes": 32, "--tp": 2, "--vpp": 4}, ["--sequence-parallel"],
                              ["--enable-cuda-graph", "--cuda-graph-scope"])
     assert got == "torchrun --nnodes 32 pretrain_gpt.py --tp 2 --bf16 --vpp 4 --sequence-parallel"
+    got = ranking.edit_flags(text, {"--cuda-graph-scope": ["attn", "moe_router"]}, [], [])
+    assert got == "torchrun --nnodes 8 pretrain_gpt.py --tp 1 --enable-cuda-graph --cuda-graph-scope attn moe_router --bf16"
     with pytest.raises(ranking.RankingDataError, match="not in the launch"):
         ranking.edit_flags(text, {}, [], ["--absent"])
 

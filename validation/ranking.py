@@ -146,8 +146,8 @@ def _ranks(values: list[float]) -> list[float]:
 
 
 def edit_flags(text: str, set_flags: dict, add_flags: list, remove_flags: list) -> str:
-    """A launch with one-valued flags set (`set_flags`: the value of an existing flag replaced, or the flag
-    appended), switches appended (`add_flags`) and flags dropped with their values (`remove_flags`: the words up
+    """A launch with flags set (`set_flags`: a value replaces an existing flag's first value word, a list all its
+    values; an absent flag is appended), switches appended (`add_flags`) and flags dropped with their values (`remove_flags`: the words up
     to the next flag). Flags are the shell words starting with '--'."""
     words = shlex.split(text)
     out: list[str] = []
@@ -165,7 +165,10 @@ def edit_flags(text: str, set_flags: dict, add_flags: list, remove_flags: list) 
             continue
         if w in remove_flags:
             done.add(w)
-        elif w in set_flags:   # a one-valued flag: its first word replaced, the words after it kept (the script)
+        elif w in set_flags and isinstance(set_flags[w], list):   # a list: all the flag's values replaced
+            out += [w, *map(str, set_flags[w])]
+            done.add(w)
+        elif w in set_flags:   # one value: the first word replaced, the words after it kept (the script)
             out += [w, str(set_flags[w]), *values[1:]]
             done.add(w)
         else:
@@ -176,7 +179,7 @@ def edit_flags(text: str, set_flags: dict, add_flags: list, remove_flags: list) 
         raise RankingDataError(f"{RANKING.name}: remove_flags {missing}: not in the launch derived from")
     for flag, value in set_flags.items():
         if flag not in done:
-            out += [flag, str(value)]
+            out += [flag, *map(str, value if isinstance(value, list) else [value])]
     present = set(out)
     for flag in add_flags:
         if flag in present:
