@@ -769,3 +769,44 @@ def test_a_sequence_past_the_models_positions_is_a_named_warning():
     assert r.plans
     assert any("2048" in w and "1024" in w and "rope scaling" in w for w in r.warnings), r.warnings
     assert not any("max_position_embeddings" in w for w in search(MODEL, HOMOGENEOUS, OPTIONS).warnings)
+
+
+def _outcome(r):
+    """Everything a search returns that must not depend on how many processes ran it."""
+    return ([e.strategy for e in r.plans], [e.step_time_s for e in r.plans], [f.point for f in r.plan_figures],
+            r.fastest_tight.strategy if r.fastest_tight else None, r.tight_listed, r.status, r.optimality_gap,
+            r.candidates, r.pruned_memory, r.pruned_bound, r.pruned_dominated, r.priced, r.invalid,
+            sorted(r.warnings), r.idle_groups)
+
+
+@pytest.mark.parametrize("model,cluster,options", [
+    (MODEL, HOMOGENEOUS, replace(OPTIONS, top=3, allow_tight=False)),
+    (MODEL, MIXED, replace(OPTIONS, top=3, allow_tight=False)),
+    (MODEL, TWO_SITE, replace(OPTIONS, top=4, allow_tight=False, keep_dominated=True)),
+    (MODEL, PRICED_MIXED, replace(OPTIONS, top=3, allow_tight=False, objective="cost")),
+    (MODEL, H100_ALONE, replace(OPTIONS, top=5, allow_tight=False)),
+    (MODEL, H100_ALONE, replace(OPTIONS, top=8, allow_tight=False)),
+    (MOE_DENSE_FIRST, MIXED, replace(OPTIONS, top=3, allow_tight=False, zero_stages=(1,), partial_recompute=False)),
+    (MODEL, MIXED, replace(OPTIONS, top=3, uneven_chunks=True)),
+], ids=["h100", "h100+a100", "two-site-all", "cost", "one-node-top5", "one-node-top8", "moe-dense-first",
+     "allow-tight-uneven"])
+def test_parallel_search_returns_what_the_serial_one_does(model, cluster, options, monkeypatch):
+    """jobs 2 (the search for TIGHT plans in a second process beside the first) returns the same
+    top K, the same TIGHT plan beside them and the same counts as jobs 1, on the brute-force
+    cases above; so does a parallel search whose second process fails (it is run again here)."""
+    import planner.search.best_first as P
+
+    serial = _outcome(search(model, cluster, replace(options, jobs=1)))
+    assert _outcome(search(model, cluster, replace(options, jobs=2))) == serial
+    monkeypatch.setattr(P, "_search_beside", lambda conn, *args: (conn.send(None), conn.close()))
+    assert _outcome(search(model, cluster, replace(options, jobs=2))) == serial
+
+
+def test_the_parallel_cases_reach_every_path():
+    """The cases above are not vacuous: on one node a TIGHT plan is faster than #1 and closes a
+    list of 5 (four plans fit with margin: the TIGHT one comes from the search beside), and a
+    list of 8 needs more TIGHT plans than that search's one (it is run again for them)."""
+    five = search(MODEL, H100_ALONE, replace(OPTIONS, top=5, allow_tight=False, jobs=2))
+    assert five.fastest_tight is not None and five.tight_listed == 1 and len(five.plans) == 5
+    eight = search(MODEL, H100_ALONE, replace(OPTIONS, top=8, allow_tight=False, jobs=2))
+    assert 8 - (len(eight.plans) - eight.tight_listed) > 1   # fewer than 7 fit with margin

@@ -12,6 +12,7 @@ from __future__ import annotations
 import gc
 import heapq
 import itertools
+import multiprocessing
 import time
 from dataclasses import dataclass, replace
 from typing import NamedTuple
@@ -178,37 +179,59 @@ def search(model: ModelSpec, cluster: ClusterSpec, o: SearchOptions, progress=No
     """The top o.top plans of the space under the cost model, best first by o.objective: with
     o.keep_dominated the best distinct plans, else the best of those no plan of the space
     dominates. `progress`, if given, is called with a SearchProgress every
-    PROGRESS_INTERVAL_S seconds."""
+    PROGRESS_INTERVAL_S seconds. With o.jobs >= 2 the search for TIGHT plans (below) runs in
+    a second process beside the search itself: the same plans and counts as o.jobs 1."""
     # The search keeps 10^5-10^6 small tuples alive (families, queue entries, cache keys), and
     # every cyclic garbage collection walks them all: 30% of DeepSeek-V3's search on mixed-512
     # (14.5 s -> 10.3 s without it, measured side by side). It makes no reference cycles that
     # must be freed while it runs, so collection waits until it returns.
     was_enabled = gc.isenabled()
     gc.disable()
+    beside = None
     try:
+        if o.allow_tight:
+            return _BestFirst(model, cluster, o, progress).run()
+        if o.jobs >= 2:
+            beside = _TightSearchBeside.start(model, cluster, _tight_options(o, 1, o.time_limit_s))
         res = _BestFirst(model, cluster, o, progress).run()
-        return res if o.allow_tight else _with_tight_plans(model, cluster, o, res)
+        return _with_tight_plans(model, cluster, o, res, beside)
     finally:
+        if beside is not None:
+            beside.close()
         if was_enabled:
             gc.enable()
 
 
-def _with_tight_plans(model: ModelSpec, cluster: ClusterSpec, o: SearchOptions, res: SearchResult) -> SearchResult:
+def _tight_options(o: SearchOptions, top: int, time_limit_s: float) -> SearchOptions:
+    """The options of the search for TIGHT plans (_with_tight_plans): TIGHT plans allowed, the
+    top `top`, serial."""
+    return replace(o, allow_tight=True, top=top, time_limit_s=time_limit_s, jobs=1)
+
+
+def _with_tight_plans(model: ModelSpec, cluster: ClusterSpec, o: SearchOptions, res: SearchResult,
+                      beside: "_TightSearchBeside | None" = None) -> SearchResult:
     """Safe by default, the search above screened against the room that leaves the memory
     model's margin, so TIGHT candidates were not priced. A second search, TIGHT plans allowed,
-    finds the TIGHT plans that beat its #1 (the bound of #1's objective stops it early) or,
+    finds its best plan, which is the best TIGHT plan that beats #1 when there is one, or,
     when fewer than K plans fit with margin, the best TIGHT plans to close the list. Its counts
-    stay out of `res`: they describe the space searched for plans that fit with margin."""
+    stay out of `res`: they describe the space searched for plans that fit with margin.
+    `beside`: that search (top 1) already running in another process (o.jobs >= 2); its plans
+    are used unless the list needs more than one TIGHT plan (then it runs again here).
+
+    The second search is not cut off at #1's objective: its own best plan is at most that (the
+    space with TIGHT plans holds #1), and it stops when no bound is below its own best, so the
+    cut-off would save nothing once it has found a plan, and without it the search does not
+    depend on #1 and can run beside the first (the same search with 1 or N jobs)."""
     n_safe = len(res.plans) - res.tight_listed
     safe, safe_figs = res.plans[:n_safe], res.plan_figures[:n_safe]
     need = o.top - n_safe
-    cutoff = safe_figs[0].objective(o.objective) if safe and need <= 0 else float("inf")
-    left = o.time_limit_s - res.seconds
-    if left <= 0:
-        return res
     t0 = time.perf_counter()
-    probe = _BestFirst(model, cluster, replace(o, allow_tight=True, top=max(need, 1), time_limit_s=left), None,
-                       cutoff=cutoff).run()
+    probe = beside.result() if beside is not None and need <= 1 else None
+    if probe is None:
+        left = o.time_limit_s - res.seconds
+        if left <= 0:
+            return res
+        probe = _BestFirst(model, cluster, _tight_options(o, max(need, 1), left), None).run()
     tight = {e.strategy: (f.objective(o.objective), e, f)
              for e, f in zip(res.plans[n_safe:] + probe.plans, res.plan_figures[n_safe:] + probe.plan_figures)
              if e.memory_verdict == "tight"}
@@ -229,15 +252,67 @@ def _with_tight_plans(model: ModelSpec, cluster: ClusterSpec, o: SearchOptions, 
     return res
 
 
+def _start_method() -> str:
+    """fork where the platform has it (the child starts at once, with the modules loaded)."""
+    return "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
+
+
+def _search_beside(conn, model: ModelSpec, cluster: ClusterSpec, o: SearchOptions) -> None:
+    """A search in a child process (_TightSearchBeside): its plans, figures and status go back;
+    what the parent does not read (every estimate priced, the closest miss) stays here."""
+    gc.disable()
+    try:
+        r = _BestFirst(model, cluster, o, None).run()
+        conn.send(SearchResult(plans=r.plans, plan_figures=r.plan_figures, status=r.status,
+                               optimality_gap=r.optimality_gap, objective=r.objective))
+    except BaseException:   # the parent runs the search itself
+        conn.send(None)
+    finally:
+        conn.close()
+
+
+class _TightSearchBeside:
+    """_with_tight_plans' second search, run in a child process while the first runs here.
+    Anything that stops it (no process can be started, it fails, it dies) leaves result()
+    None, and the parent runs that search itself: the same result, later."""
+
+    def __init__(self, proc, conn):
+        self.proc, self.conn = proc, conn
+
+    @classmethod
+    def start(cls, model: ModelSpec, cluster: ClusterSpec, o: SearchOptions) -> "_TightSearchBeside | None":
+        try:
+            ctx = multiprocessing.get_context(_start_method())
+            here, there = ctx.Pipe(duplex=False)
+            proc = ctx.Process(target=_search_beside, args=(there, model, cluster, o), daemon=True)
+            proc.start()
+        except (OSError, AssertionError, ValueError):   # e.g. inside a daemonic process
+            return None
+        there.close()
+        return cls(proc, here)
+
+    def result(self) -> SearchResult | None:
+        try:
+            got = self.conn.recv()
+        except (EOFError, OSError):
+            got = None
+        self.proc.join()
+        return got
+
+    def close(self) -> None:
+        """Stop the child if it still runs (the first search raised or was interrupted)."""
+        if self.proc.is_alive():
+            self.proc.terminate()
+        self.proc.join()
+        self.conn.close()
+
+
 class _BestFirst:
     """One search: the queue, the plans found, the caches its steps share and the result it
     fills in. run() queues the families, takes entries best first, and finishes the result."""
 
-    def __init__(self, model: ModelSpec, cluster: ClusterSpec, o: SearchOptions, progress,
-                 cutoff: float = float("inf")):
+    def __init__(self, model: ModelSpec, cluster: ClusterSpec, o: SearchOptions, progress):
         self.t0 = time.perf_counter()
-        # plans worse than this objective are not wanted (_with_tight_plans' second search)
-        self.cutoff = cutoff
         # safe by default: memory screens leave the memory model's margin
         self.with_margin = not o.allow_tight
         if model.position_embedding_type == "learned_absolute" and o.seq_length > model.max_position_embeddings:
@@ -270,6 +345,7 @@ class _BestFirst:
         self.rank_fits: dict = {}    # fits_exactly's verdicts per rank, shared by block candidates
         self.screen_terms: dict = {}  # memory_screen's terms per family and ZeRO stage
         self.screened_out: list = []  # candidates the memory screen ruled out before any plan was found
+        self.splits: dict = {}       # initial_split per time class, depth, vpp, stage order and evenness
         self.closest = None
         self.done = 0
         self.last_report = self.t0
@@ -282,9 +358,8 @@ class _BestFirst:
     # ---- objective bounds and the queue --------------------------------------------------------
 
     def _kth(self) -> float:
-        """No entry whose bound is above this can enter the result: the K-th best plan found, or
-        the cutoff when lower."""
-        return min(self.plans.kth(), self.cutoff)
+        """No entry whose bound is above this can enter the result: the K-th best plan found."""
+        return self.plans.kth()
 
     def _usd_hour(self, counts: tuple, per: int) -> float | None:
         used = {g.name: c * per for g, c in zip(self.cluster.node_groups, counts)}
@@ -453,13 +528,23 @@ class _BestFirst:
                      for b, vpp, z, groups in self.bounds.children(fam.base, fam.tk, cell.orders, fam.vpps,
                                                                    self.zero_opts)])
 
+    def _initial_split(self, fam: _Family, c: Strategy, groups: tuple, uneven: bool):
+        """split.initial_split of a candidate c of family fam, cached: it reads c's depth, vpp
+        and time key (fam.tk: the ZeRO stage and placement of c do not enter) and the stage order
+        (the candidates of a cell differ in ZeRO stage: most share a split)."""
+        key = (fam.tk, c.pp, c.vpp, groups, uneven)
+        got = self.splits.get(key)
+        if got is None:
+            got = self.splits[key] = initial_split(self.model, self.cluster, c, groups, uneven)
+        return got
+
     def _reach_block(self, child: _Child) -> None:
         """A block-recompute child: on its starting split (the partition assumes every layer
         recomputed alike, so it is not re-solved), more recomputed layers only cost time and
         save memory, so the smallest k that fits dominates every larger k."""
         model, cluster = self.model, self.cluster
         c, groups = _child(child.family, child.vpp, child.zero, child.groups, cluster)
-        valid, split = initial_split(model, cluster, c, groups, uneven=False)
+        valid, split = self._initial_split(child.family, c, groups, False)
         per_chunk = min(split or c.stage_layers(model)) // c.vpp
         ck = least_block_recompute(model, cluster, c.with_(recompute="full", layers_per_stage=split),
                                     per_chunk - 1, self.rank_fits, safe=self.with_margin)
@@ -476,7 +561,7 @@ class _BestFirst:
         model, cluster, o, res = self.model, self.cluster, self.o, self.res
         fam, usd_h = child.family, child.usd_hour
         c, groups = _child(fam, child.vpp, child.zero, child.groups, cluster)
-        valid, split = initial_split(model, cluster, c, groups, o.uneven_chunks)
+        valid, split = self._initial_split(fam, c, groups, o.uneven_chunks)
         c = with_split(c, split)
         self.done += 1
         may_fit, n_max, peak_lb = memory_screen(model, cluster, c, uneven=o.uneven_chunks,

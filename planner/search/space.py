@@ -74,6 +74,10 @@ class SearchOptions:
     # rank plans that fit only within the memory model's stated margin (TIGHT) with the others;
     # by default they come after every plan that fits with margin
     allow_tight: bool = False
+    # processes the search may use (best_first.py): with 2 or more, the search for TIGHT plans
+    # that a search safe by default runs after its own runs beside it in a second process; the
+    # plans and counts are the same as with 1 (serial)
+    jobs: int = 1
 
     @property
     def budget(self) -> "GpuBudget":

@@ -119,10 +119,12 @@ def default_jobs() -> int:
 def run_sweep(model: ModelSpec, options: list[SweepOption], o: SearchOptions, train_tokens=None,
               jobs: int | None = None, on_done=None) -> list[SweepOutcome]:
     """The best plan of each option (o with top 1), in the options' order. Searches run in a
-    pool of `jobs` processes (default: every core); jobs 1 runs them here. `on_done(k, n)`
-    after each."""
-    o = replace(o, top=1)
-    jobs = min(jobs or default_jobs(), len(options)) or 1
+    pool of `jobs` processes (default: every core), each search serial (no pool inside a
+    pool); with one process (jobs 1, or one option) they run here, each search with `jobs`
+    processes (SearchOptions.jobs). `on_done(k, n)` after each."""
+    want = jobs or default_jobs()
+    jobs = min(want, len(options)) or 1
+    o = replace(o, top=1, jobs=want if jobs == 1 else 1)
     work = [(model, opt, o, train_tokens, i) for i, opt in enumerate(options)]
     out: list = [None] * len(work)
     if jobs == 1:
