@@ -13,7 +13,8 @@ communicate at the same time, so the group's share is nics x rate x (D / G) x j 
 nics x rate x j / G with G GPUs per node. An `interconnect` between node groups caps it
 further. Times are alpha-beta: ring all-reduce 2(n-1)/n M / B + 2(n-1) alpha (a tree's
 2 log2(n) alpha beyond 16 ranks, as NCCL switches), all-gather / reduce-scatter (n-1)/n M / B,
-all-to-all the off-node share over the NIC share, send/recv M / B + alpha.
+all-to-all the off-node share over the NIC share (its on-domain share at NCCL's measured
+all-to-all efficiency, with a latency per peer), send/recv M / B + alpha.
 """
 
 from __future__ import annotations
@@ -25,6 +26,19 @@ from ..specs.cluster import ClusterSpec, NodeGroup
 
 KINDS = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "send-recv")
 TREE_THRESHOLD_RANKS = 16
+# NCCL's all-to-all on one NVLink fabric attains less than its rings: nccl-tests alltoall_perf
+# bus bandwidth at 4-17 GB per rank is 74-76% of the NVLink line rate (H100 x4 74-75%, NCCL
+# 2.30.4, NVIDIA/nccl#2169; GB200 x8 73-74%, GB300 x8 75-76%, B300 x8 75%, GB200 / GB300 x64
+# 69-74%: oracle-quickstart/oci-gpu-quickstarts nvidia/{GB200,GB300,B300}/README-*.md) where
+# the profiles' ring efficiency (`scale_up`) is 0.8, as NCCL's own topology model prices
+# NVLink (src/graph/topo.h: 82% of line rate on Hopper, 80% on Blackwell). An all-to-all
+# inside a domain runs at this share of the ring's bandwidth (0.74 / 0.80).
+ALL_TO_ALL_SCALE_UP_SHARE = 0.925
+# and pays a latency that grows with its peers (one send and one receive per peer): NCCL's
+# all-to-all of tiny messages takes 11.75 us on 8 GB200 and 28.2-34.7 us on 32 (NVIDIA/nccl
+# contrib/custom_algos/alltoall/README.md, NCCL baseline, CUDA graph): 2 x the profile's
+# 3 us scale-up latency plus 0.82 us per peer fits both ((31.5 - 11.75) / (31 - 7) peers).
+ALL_TO_ALL_LATENCY_PER_PEER_S = 0.82e-6
 
 
 @dataclass(frozen=True)
@@ -102,14 +116,17 @@ def hierarchical_all_to_all_time(on_node_bytes: float, off_node_bytes: float, li
     """Seconds for an all-to-all in which each rank sends `on_node_bytes` to ranks of its own node
     (over the scale-up fabric) and `off_node_bytes` to other nodes; every GPU of a node sends its
     off-node share through the node's NICs at once, so each gets 1/j of the group's NIC share.
-    Both parts run concurrently; the slower one sets the time. "Node" here is the link's
+    Both parts run concurrently; the slower one sets the time, plus a latency of two link
+    latencies and ALL_TO_ALL_LATENCY_PER_PEER_S per peer. "Node" here is the link's
     scale-up domain (group_link): a rack's trays send their off-rack share through their own
     NICs, the sum of which is the domain's."""
-    a = link.latency_s
+    intra = link.intra_bandwidth_bytes_per_s * ALL_TO_ALL_SCALE_UP_SHARE
+    peers = link.ranks_per_node * link.nodes - 1
+    a = 2 * link.latency_s + peers * ALL_TO_ALL_LATENCY_PER_PEER_S
     if link.nodes == 1 or off_node_bytes <= 0:
-        return on_node_bytes / link.intra_bandwidth_bytes_per_s + a
+        return on_node_bytes / intra + a
     per_gpu_nic = (link.nic_bandwidth_bytes_per_s or link.bandwidth_bytes_per_s) / link.ranks_per_node
-    return max(on_node_bytes / link.intra_bandwidth_bytes_per_s, off_node_bytes / per_gpu_nic) + 2 * a
+    return max(on_node_bytes / intra, off_node_bytes / per_gpu_nic) + a
 
 
 def p2p_link(a: NodeGroup, b: NodeGroup, same_node: bool, cluster: ClusterSpec) -> Link:
