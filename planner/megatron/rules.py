@@ -50,26 +50,62 @@ class Violation:
         return f"[{self.rule}] {self.message} ({self.source})"
 
 
+@dataclass(frozen=True)
+class _Launch:
+    """What every rule group reads: the flags as given (`raw`), with Megatron's defaults
+    (`val`), the model, and where violations go (`bad`)."""
+    launch: MegatronLaunch
+    model: ModelSpec
+    out: list
+
+    @property
+    def raw(self) -> dict:
+        return self.launch.raw
+
+    def val(self, dest: str):
+        return self.launch.value(dest)
+
+    def bad(self, rule: str, msg: str, src: str = SOURCE_ARGS) -> None:
+        self.out.append(Violation(rule, msg, src))
+
+
 def megatron_violations(launch: MegatronLaunch, model: ModelSpec | None = None) -> list[Violation]:
-    r = launch.raw
-    val = launch.value
-    m = model or launch.model
-    out: list[Violation] = []
+    """Every rule of Megatron-LM's the launch breaks, in the order Megatron checks them."""
+    c = _Launch(launch, model or launch.model, [])
+    _environment_rules(c)
+    degrees = _degree_rules(c)
+    if degrees is None:    # no world size or degrees to check the rest against
+        return c.out
+    tp, pp, cp, dp = degrees
+    _shape_and_batch_rules(c, tp, cp, dp)
+    _model_rules(c)
+    vpp = _pipeline_rules(c, pp)
+    gran, method = _recompute_rules(c)
+    _optimizer_and_precision_rules(c, tp)
+    ep = _moe_rules(c, tp, pp)
+    _ep_overlap_rules(c, pp, vpp, ep, gran, method)
+    return c.out
 
-    def bad(rule, msg, src=SOURCE_ARGS):
-        out.append(Violation(rule, msg, src))
 
-    ws = launch.world_size
-    tp, pp, cp = val("tensor_model_parallel_size"), val("pipeline_model_parallel_size"), val("context_parallel_size")
-    # --- environment the launch script sets (a bare flags file sets none)
-    script_env = dict(launch.script_env)
+def _environment_rules(c: _Launch):
+    """The environment the launch script sets (a bare flags file sets none)."""
+    r, val, bad = c.raw, c.val, c.bad
+    script_env = dict(c.launch.script_env)
     if val("use_megatron_fsdp") and val("ckpt_format") != "fsdp_dtensor":
         bad("fsdp-ckpt-format", "Megatron-FSDP requires --ckpt-format fsdp_dtensor "
             f"(found {r.get('ckpt_format', 'torch_dist (the default)')})")
     if val("use_megatron_fsdp") and script_env.get("CUDA_DEVICE_MAX_CONNECTIONS") == "1":
         bad("fsdp-cuda-connections", "Megatron-FSDP requires CUDA_DEVICE_MAX_CONNECTIONS > 1 or unset; "
             "the script exports 1")
-    # --- required arguments (validate_args: _check_arg_is_not_none; seq_length via encoder_seq_length)
+
+
+def _degree_rules(c: _Launch):
+    """Required arguments and the degrees: (tp, pp, cp, dp), or None when the world size or a
+    degree leaves nothing to check the rest against."""
+    r, val, bad = c.raw, c.val, c.bad
+    ws = c.launch.world_size
+    tp, pp, cp = val("tensor_model_parallel_size"), val("pipeline_model_parallel_size"), val("context_parallel_size")
+    # required arguments (validate_args: _check_arg_is_not_none; seq_length via encoder_seq_length)
     for dest in ("max_position_embeddings", "seq_length"):
         if dest not in r:
             bad("required-args", f"--{dest.replace('_', '-')} is required")
@@ -78,12 +114,18 @@ def megatron_violations(launch: MegatronLaunch, model: ModelSpec | None = None) 
             bad("world-size", "world size unknown")
         else:
             bad("positive-degrees", "parallel sizes must be >= 1")
-        return out
+        return None
     model_size = tp * pp * cp
     if ws % model_size:
         bad("world-divisible", f"world size ({ws}) is not divisible by tp x pp x cp ({model_size})")
-        return out
+        return None
     dp = ws // model_size
+    return tp, pp, cp, dp
+
+
+def _shape_and_batch_rules(c: _Launch, tp: int, cp: int, dp: int):
+    """Heads and query groups against TP, batch divisibility, sequence against positions, CP and SP."""
+    r, val, bad, m = c.raw, c.val, c.bad, c.model
     if val("bf16") and val("fp16"):
         bad("fp16-xor-bf16", "--fp16 and --bf16 cannot both be set")
     if m.num_attention_heads % tp:
@@ -104,7 +146,7 @@ def megatron_violations(launch: MegatronLaunch, model: ModelSpec | None = None) 
             f"x data_parallel_size ({dp})")
     seq = r.get("seq_length") or 0
     # Megatron checks the launch's own --max-position-embeddings (default: the parsed model's)
-    max_pos = launch.model.max_position_embeddings
+    max_pos = c.launch.model.max_position_embeddings
     if seq and max_pos < seq:
         bad("max-positions", f"max_position_embeddings ({max_pos}) must be >= seq_length ({seq})")
     if cp > 1 and seq % (2 * cp):
@@ -112,7 +154,11 @@ def megatron_violations(launch: MegatronLaunch, model: ModelSpec | None = None) 
     if val("sequence_parallel") and tp > 1 and seq and (seq % cp or (seq // cp) % tp):
         bad("sp-seq-divisible-by-tp", f"with --sequence-parallel the sequence on a rank (seq_length / cp = "
             f"{seq}/{cp}) must be divisible by tensor_model_parallel_size ({tp})", SOURCE_MAP)
-    # --- model arguments
+
+
+def _model_rules(c: _Launch):
+    """Model arguments Megatron refuses together."""
+    val, bad = c.val, c.bad
     if val("swiglu") and (val("squared_relu") or val("quick_geglu")):
         bad("mlp-activation", "--swiglu cannot be combined with --squared-relu or --quick-geglu", SOURCE_ARGU)
     if not val("add_position_embedding") and val("position_embedding_type") != "rope" \
@@ -123,7 +169,11 @@ def megatron_violations(launch: MegatronLaunch, model: ModelSpec | None = None) 
         bad("mtp-position-embedding", "Multi-Token Prediction needs --position-embedding-type rope or none")
     if val("attention_backend") == "local" and (val("spec") or [None])[0] != "local":
         bad("attention-backend-local", "--attention-backend local is only supported with --spec local")
-    # --- pipeline layout flags
+
+
+def _pipeline_rules(c: _Launch, pp: int):
+    """The pipeline layout flags; the virtual pipeline size they give (None without one)."""
+    r, val, bad, m = c.raw, c.val, c.bad, c.model
     L = m.num_layers
     n_vpp_flags = sum(r.get(k) is not None for k in ("num_virtual_stages_per_pipeline_rank",
                                                      "num_layers_per_virtual_pipeline_stage",
@@ -190,7 +240,12 @@ def megatron_violations(launch: MegatronLaunch, model: ModelSpec | None = None) 
             bad("vpp-needs-pp", "interleaved schedule without p2p overlap needs pipeline size > 2")
         elif pp <= 1:
             bad("vpp-needs-pp", "When interleaved schedule is used, pipeline-model-parallel size should be greater than 1")
-    # --- recompute
+    return vpp
+
+
+def _recompute_rules(c: _Launch):
+    """Recompute granularity, method and modules; (granularity, method) as Megatron reads them."""
+    r, val, bad, m = c.raw, c.val, c.bad, c.model
     gran, method = r.get("recompute_granularity"), r.get("recompute_method")
     if r.get("recompute_activations"):
         gran = "selective"
@@ -212,7 +267,12 @@ def megatron_violations(launch: MegatronLaunch, model: ModelSpec | None = None) 
             bad("recompute-modules", "shared_experts recompute cannot work with --moe-shared-expert-overlap", SOURCE_TC)
         if val("fp8") and val("fp8_recipe") == "delayed" and ("moe_act" in mods or "layernorm" in mods):
             bad("recompute-modules", "delayed fp8 scaling does not support moe_act and layernorm recompute", SOURCE_TC)
-    # --- optimizer / overlap
+    return gran, method
+
+
+def _optimizer_and_precision_rules(c: _Launch, tp: int):
+    """Overlaps, optimizer offload and state dtypes, fp4."""
+    val, bad = c.val, c.bad
     if val("overlap_param_gather"):
         if not (val("use_distributed_optimizer") or val("use_megatron_fsdp") or val("optimizer") == "dist_muon"):
             bad("overlap-param-gather-needs-dist-opt", "--overlap-param-gather only supported with distributed optimizer")
@@ -226,7 +286,7 @@ def megatron_violations(launch: MegatronLaunch, model: ModelSpec | None = None) 
                 "--use-precision-aware-optimizer")
         if val("fp8_param_gather") and val("fp8_recipe") != "delayed":
             bad("cpu-offload-fp8-recipe", "--optimizer-cpu-offload with --fp8-param-gather needs --fp8-recipe delayed")
-    # --- fp4 (validate_args and TransformerConfig.__post_init__; Megatron also needs Transformer
+    # fp4 (validate_args and TransformerConfig.__post_init__; Megatron also needs Transformer
     # Engine >= 2.7.0.dev0 for --fp4-format, which a launch script does not show)
     if val("fp4") is not None and val("fp8") is not None:
         bad("fp4-with-fp8", "--fp4-format and --fp8-format cannot be used simultaneously")
@@ -244,7 +304,12 @@ def megatron_violations(launch: MegatronLaunch, model: ModelSpec | None = None) 
                     "without --use-precision-aware-optimizer", SOURCE_OPT)
     if val("bf16") and val("accumulate_allreduce_grads_in_fp32") and val("main_grads_dtype") != "fp32":
         bad("main-grads-fp32", "--main-grads-dtype can only be fp32 with --accumulate-allreduce-grads-in-fp32")
-    # --- MoE
+
+
+def _moe_rules(c: _Launch, tp: int, pp: int):
+    """Experts against EP, the world against the expert grid; the EP degree."""
+    r, val, bad, m = c.raw, c.val, c.bad, c.model
+    ws = c.launch.world_size
     ep = val("expert_model_parallel_size")
     etp = r.get("expert_tensor_parallel_size") or tp
     if ep > 1 and not m.is_moe:
@@ -254,7 +319,12 @@ def megatron_violations(launch: MegatronLaunch, model: ModelSpec | None = None) 
             f"model parallel_size ({ep})", SOURCE_TC)
     if ws % (etp * ep * pp):
         bad("world-divisible-expert", f"world_size ({ws}) is not divisible by etp x ep x pp ({etp * ep * pp})", SOURCE_PS)
-    # --- EP communication overlap (TransformerConfig.__post_init__)
+    return ep
+
+
+def _ep_overlap_rules(c: _Launch, pp: int, vpp, ep: int, gran, method):
+    """What --overlap-moe-expert-parallel-comm needs (TransformerConfig.__post_init__)."""
+    r, val, bad = c.raw, c.val, c.bad
     if val("overlap_moe_expert_parallel_comm"):
         def ep_overlap(msg):
             bad("ep-overlap", f"--overlap-moe-expert-parallel-comm {msg}", SOURCE_TC)
@@ -277,7 +347,6 @@ def megatron_violations(launch: MegatronLaunch, model: ModelSpec | None = None) 
             ep_overlap("supports at most one MTP layer (--mtp-num-layers)")
     if val("delay_wgrad_compute") and not val("overlap_moe_expert_parallel_comm"):
         bad("delay-wgrad", "--delay-wgrad-compute needs --overlap-moe-expert-parallel-comm", SOURCE_TC)
-    return out
 
 
 def check_megatron(launch: MegatronLaunch, model: ModelSpec | None = None) -> None:
