@@ -38,13 +38,22 @@ def layout_string(model: ModelSpec, s: Strategy) -> str:
 
 
 def megatron_args(model: ModelSpec, s: Strategy) -> list[str]:
-    a: list[str] = []
+    """The Megatron-LM flags of a plan: the model, its MoE, the parallel layout, recompute,
+    training-state sharding and offload, precision."""
+    words: list[str] = []
 
-    def add(flag, value=None):
-        a.append(flag)
-        if value is not None:
-            a.append(str(value))
+    def add(flag, *values):
+        words.append(flag)
+        words.extend(str(v) for v in values if v is not None)
 
+    for part in (_model_shape_args, _moe_args, _model_extras_args, _parallel_args, _recompute_args,
+                 _state_args, _precision_args):
+        part(add, model, s)
+    return words
+
+
+def _model_shape_args(add, model: ModelSpec, s: Strategy) -> None:
+    """Shape, vocabulary, positions, norm, activation, biases, dropout."""
     add("--num-layers", model.num_layers)
     add("--hidden-size", model.hidden_size)
     add("--num-attention-heads", model.num_attention_heads)
@@ -74,6 +83,10 @@ def megatron_args(model: ModelSpec, s: Strategy) -> list[str]:
         add("--qk-layernorm")
     add("--attention-dropout", model.attention_dropout)
     add("--hidden-dropout", model.hidden_dropout)
+
+
+def _moe_args(add, model: ModelSpec, s: Strategy) -> None:
+    """Experts, routing, the dispatcher and its overlaps, EP and expert-TP."""
     if model.is_moe:
         add("--num-experts", model.num_experts)
         add("--moe-router-topk", model.moe_router_topk)
@@ -99,6 +112,10 @@ def megatron_args(model: ModelSpec, s: Strategy) -> list[str]:
             add("--moe-shared-expert-overlap")
         add("--expert-model-parallel-size", s.ep)
         add("--expert-tensor-parallel-size", s.expert_tp)
+
+
+def _model_extras_args(add, model: ModelSpec, s: Strategy) -> None:
+    """MTP, sliding-window attention, multi-latent attention."""
     if model.mtp_num_layers:
         add("--mtp-num-layers", model.mtp_num_layers)
     if model.window_size is not None:
@@ -113,6 +130,10 @@ def megatron_args(model: ModelSpec, s: Strategy) -> list[str]:
         add("--qk-head-dim", model.qk_head_dim)
         add("--qk-pos-emb-head-dim", model.qk_pos_emb_head_dim)
         add("--v-head-dim", model.v_head_dim)
+
+
+def _parallel_args(add, model: ModelSpec, s: Strategy) -> None:
+    """TP, PP (and its layout or virtual stages), CP, batch."""
     add("--tensor-model-parallel-size", s.tp)
     add("--pipeline-model-parallel-size", s.pp)
     if s.cp > 1:
@@ -124,11 +145,14 @@ def megatron_args(model: ModelSpec, s: Strategy) -> list[str]:
         add("--num-virtual-stages-per-pipeline-rank", s.vpp)
     add("--micro-batch-size", s.micro_batch_size)
     add("--global-batch-size", s.global_batch_size)
+
+
+def _recompute_args(add, model: ModelSpec, s: Strategy) -> None:
+    """Selective (with its modules) or full recompute (uniform, or block of k layers)."""
     if s.recompute == "selective":
         add("--recompute-granularity", "selective")
         if tuple(s.recompute_modules) != ("core_attn",):
-            a.append("--recompute-modules")
-            a.extend(s.recompute_modules)
+            add("--recompute-modules", *s.recompute_modules)
     elif s.recompute == "full":
         add("--recompute-granularity", "full")
         if s.recompute_num_layers is None:
@@ -137,6 +161,11 @@ def megatron_args(model: ModelSpec, s: Strategy) -> list[str]:
         else:
             add("--recompute-method", "block")
             add("--recompute-num-layers", s.recompute_num_layers)
+
+
+def _state_args(add, model: ModelSpec, s: Strategy) -> None:
+    """Sequence parallelism, the distributed optimizer or Megatron-FSDP, grad/param overlaps, TP
+    comm overlap, training-state dtypes, optimizer and activation offload, delayed wgrad."""
     if s.sequence_parallel:
         add("--sequence-parallel")    # Megatron switches it off by itself at TP = 1
     if s.zero_stage == 1:
@@ -170,6 +199,10 @@ def megatron_args(model: ModelSpec, s: Strategy) -> list[str]:
         add("--cpu-offloading-num-layers", s.cpu_offloading_num_layers)
     if s.delay_wgrad_compute:
         add("--delay-wgrad-compute")
+
+
+def _precision_args(add, model: ModelSpec, s: Strategy) -> None:
+    """bf16 / fp16, fp8 and its recipe, nvfp4, the attention backend."""
     if s.precision == "fp16":
         add("--fp16")
     else:
@@ -188,7 +221,6 @@ def megatron_args(model: ModelSpec, s: Strategy) -> list[str]:
         if s.fp4_param_gather:
             add("--fp4-param-gather")
     add("--attention-backend", "auto" if s.fused_attention else "unfused")
-    return a
 
 
 def checked_args(model: ModelSpec, s: Strategy) -> list[str]:
