@@ -78,6 +78,10 @@ class Strategy:
     fp4_param_gather: bool = False          # --fp4-param-gather: NVFP4 primary weights, gathered in fp4
     # ---- MoE execution
     moe_token_dispatcher_type: str = "alltoall"   # allgather | alltoall | flex
+    # SMs of the flex dispatcher's dispatch / combine kernels (--moe-flex-dispatcher-num-sms, or
+    # the deprecated --moe-deepep-num-sms / --moe-hybridep-num-sms); None: DeepEP's 20, as
+    # Megatron sets it (cost/compute.py comm_sm_share)
+    moe_flex_dispatcher_num_sms: int | None = None
     moe_grouped_gemm: bool = True
     moe_pad_expert_input_to_capacity: bool = False
     use_precision_aware_optimizer: bool = False
@@ -189,6 +193,14 @@ def _ranges(layers: tuple[int, ...]) -> tuple[tuple[int, int], ...]:
 def check_structure(s: Strategy, model: ModelSpec) -> None:
     """Rules any launcher needs (not Megatron-specific): positive degrees, batch arithmetic,
     layer split, MoE degrees. Megatron's own rules live in planner/megatron/rules.py."""
+    _check_values(s)
+    _check_shapes(s, model)
+    layers = _check_layer_split(s, model)
+    _check_placement_moe_and_recompute(s, model, layers)
+
+
+def _check_values(s: Strategy) -> None:
+    """Degrees are positive integers, the expert grid divides the world, names are known."""
     for name in ("tp", "pp", "dp", "cp", "ep", "vpp", "micro_batch_size", "global_batch_size", "seq_length"):
         v = getattr(s, name)
         if not isinstance(v, int) or v < 1:
@@ -208,6 +220,10 @@ def check_structure(s: Strategy, model: ModelSpec) -> None:
         raise InvalidStrategy("precision", f"precision = {s.precision!r}, expected one of {PRECISIONS}")
     if s.zero_stage not in (0, 1, 2, 3):
         raise InvalidStrategy("zero-stage", f"zero_stage = {s.zero_stage!r}, expected 0, 1, 2 or 3")
+
+
+def _check_shapes(s: Strategy, model: ModelSpec) -> None:
+    """Batch arithmetic, heads and query groups against TP, the sequence against positions, CP, SP."""
     if s.global_batch_size % (s.micro_batch_size * s.dp) != 0:
         raise InvalidStrategy("batch-divisibility",
                               f"global batch {s.global_batch_size} is not divisible by micro batch "
@@ -234,6 +250,11 @@ def check_structure(s: Strategy, model: ModelSpec) -> None:
                               f"sequence parallelism needs seq_length / cp ({s.seq_length} / {s.cp}) to be a multiple "
                               f"of tp ({s.tp}); use a sequence length divisible by {s.cp * s.tp}, or no sequence "
                               "parallelism")
+
+
+def _check_layer_split(s: Strategy, model: ModelSpec) -> tuple[int, ...]:
+    """The layers per stage, their virtual chunks and the interleaved schedule's micro-batch
+    groups; the layers per stage."""
     layers = s.stage_layers(model)
     # an explicit layout (chunk_layers) may leave a virtual stage, or a whole rank, without decoder
     # layers (E|t*8|...|L): Megatron-LM's PipelineParallelLayerLayout (megatron/core/transformer/
@@ -273,6 +294,11 @@ def check_structure(s: Strategy, model: ModelSpec) -> None:
                 need = f"a multiple of the group size {n}, or leave a last group of at least pp ({s.pp})"
             raise InvalidStrategy("interleaved-microbatches",
                                   f"interleaved schedule needs micro-batches ({m}) to be {need}")
+    return layers
+
+
+def _check_placement_moe_and_recompute(s: Strategy, model: ModelSpec, layers: tuple[int, ...]) -> None:
+    """Stage placement, experts against EP and the expert grid, block recompute's layer count."""
     if s.stage_node_groups is not None and len(s.stage_node_groups) != s.pp:
         raise InvalidStrategy("stage-node-groups", f"{len(s.stage_node_groups)} node groups for {s.pp} stages")
     if model.is_moe:
