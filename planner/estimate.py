@@ -183,7 +183,6 @@ def _clear_layer_times() -> None:
 
 
 layer_time_of.cache_clear = _clear_layer_times   # as for an lru_cache (validation refits clear it)
-_layer_time = layer_time_of   # the former private name (tests and validation scripts use it)
 
 
 # The Strategy fields a layer's compute time depends on (cost/compute.py layer_time), and those

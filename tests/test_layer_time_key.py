@@ -75,7 +75,7 @@ def test_layer_time_reads_only_fields_of_its_cache_key(model_name):
 
 
 def test_dense_layers_read_no_moe_only_field():
-    """Dense layer times are cached without the MoE-only fields (estimate._layer_time shares one
+    """Dense layer times are cached without the MoE-only fields (estimate.layer_time_of shares one
     entry across EP degrees): a dense layer must not read them."""
     model = load_model_ref("llama3-8b")
     _READ.clear()

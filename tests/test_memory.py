@@ -191,7 +191,7 @@ def test_interleaved_warmup_and_live_microbatches_follow_megatron_schedule():
     computes it (1F1B: p - r - 1; interleaved: 2 (p - r - 1) + (v - 1) p, +1 with EP overlap), and
     the live virtual micro-batches of Megatron's order (groups of p micro-batches, chunks 0..v-1,
     backward with the chunk reversed)."""
-    from planner.cost.memory import _peak_live_chunks, in_flight_microbatches, warmup_microbatches
+    from planner.cost.memory import peak_live_chunks, in_flight_microbatches, warmup_microbatches
     s = Strategy(pp=4, vpp=2, dp=1, micro_batch_size=1, global_batch_size=8)
     assert [warmup_microbatches(s, r) for r in range(4)] == [10, 8, 6, 4]
     assert [warmup_microbatches(s.with_(overlap_moe_expert_parallel_comm=True), r) for r in range(4)] == [11, 9, 7, 5]
@@ -203,12 +203,12 @@ def test_interleaved_warmup_and_live_microbatches_follow_megatron_schedule():
     for p, v, m in ((4, 2, 8), (8, 4, 32), (4, 3, 12)):
         for r in range(p):
             w = 2 * (p - r - 1) + (v - 1) * p
-            assert _peak_live_chunks(p, v, m, r, w, (1.0,) * v) == min(w + 1, v * m)
+            assert peak_live_chunks(p, v, m, r, w, (1.0,) * v) == min(w + 1, v * m)
     assert in_flight_microbatches(s, 0) == 11 / 2
     # uneven chunks, p = 4, v = 2, m = 8, rank 0 (warm-up 10): Megatron's order runs
     # F c0 x4, c1 x4, c0 mb4-5 | F c0 mb6 [7,4] B c1 mb0 [7,3] F c0 mb7 [8,3] ...: with chunk 0
     # twice as heavy the peak is 8 x 2 + 3 = 19, not the count peak's 7 x 2 + 4 = 18
-    assert _peak_live_chunks(4, 2, 8, 0, 10, (2.0, 1.0)) == 19.0
+    assert peak_live_chunks(4, 2, 8, 0, 10, (2.0, 1.0)) == 19.0
 
 
 def test_the_default_allocator_widens_the_verdict_margin_by_its_fragmentation_spread():

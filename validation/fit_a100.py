@@ -20,7 +20,7 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
 import calibration as cal  # noqa: E402
-from planner.estimate import _layer_time  # noqa: E402
+from planner.estimate import layer_time_of  # noqa: E402
 from planner.library import load_bundled_profile  # noqa: E402
 
 MATMUL = (0.72, 0.75, 0.78)
@@ -35,7 +35,7 @@ def main() -> None:
     for mm, kf in itertools.product(MATMUL, K_FILL):
         prof = replace(base, efficiency=replace(base.efficiency, matmul=mm, gemm_k_fill=kf))
         cal.load_bundled_profile = lambda name, p=prof: p
-        _layer_time.cache_clear()
+        layer_time_of.cache_clear()
         mapes = []
         for fn in (cal.korthikanti, cal.narayanan):
             rows = fn(ref)

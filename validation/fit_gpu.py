@@ -28,7 +28,7 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
 import bridge as B  # noqa: E402
-from planner.estimate import _layer_time, estimate  # noqa: E402
+from planner.estimate import estimate, layer_time_of  # noqa: E402
 from planner.units import parse_time  # noqa: E402
 
 DEFAULT_GRIDS = {
@@ -76,7 +76,7 @@ def main(argv=None) -> None:
             g = cluster.node_groups[0]
             gpu = replace(g.gpu, efficiency=replace(g.gpu.efficiency, **kw))
             c = replace(cluster, node_groups=(replace(g, gpu=gpu),))
-            _layer_time.cache_clear()
+            layer_time_of.cache_clear()
             e = estimate(launch.model, c, launch.strategy)
             errs.append(100 * (e.step_time_s - measured) / measured)
         mape = sum(map(abs, errs)) / len(errs)

@@ -256,7 +256,7 @@ def in_flight_microbatches(s: Strategy, stage: int) -> float:
 
 
 @lru_cache(maxsize=4096)
-def _peak_live_chunks(p: int, v: int, m: int, stage: int, warmup: int, chunk_bytes: tuple) -> float:
+def peak_live_chunks(p: int, v: int, m: int, stage: int, warmup: int, chunk_bytes: tuple) -> float:
     """Peak bytes of stored activations on one rank under interleaved 1F1B when its chunks differ
     in size: Megatron's order (get_schedule_table: groups of p micro-batches, chunks 0..v-1 in
     each group; backward in the same order with the chunk reversed), `warmup` forwards, then one
@@ -380,7 +380,7 @@ def stage_activation_bytes(model: ModelSpec, s: Strategy, stage: int) -> tuple[f
                 b += act.embedding_bytes(model, s)
             per_chunk.append(b)
             k += n
-        kept = _peak_live_chunks(s.pp, s.vpp, s.num_microbatches, stage, warmup_microbatches(s, stage),
+        kept = peak_live_chunks(s.pp, s.vpp, s.num_microbatches, stage, warmup_microbatches(s, stage),
                                  tuple(per_chunk))
     else:
         # layers of one kind and mode are identical: count them
