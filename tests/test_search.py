@@ -791,15 +791,28 @@ def _outcome(r):
 ], ids=["h100", "h100+a100", "two-site-all", "cost", "one-node-top5", "one-node-top8", "moe-dense-first",
      "allow-tight-uneven"])
 def test_parallel_search_returns_what_the_serial_one_does(model, cluster, options, monkeypatch):
-    """jobs 2 (the search for TIGHT plans in a second process beside the first) returns the same
-    top K, the same TIGHT plan beside them and the same counts as jobs 1, on the brute-force
-    cases above; so does a parallel search whose second process fails (it is run again here)."""
+    """jobs 2 (a second process runs the search for TIGHT plans beside the first, then prices
+    candidates ahead of it) returns the same top K, the same TIGHT plan beside them and the same
+    counts as jobs 1, on the brute-force cases above; so does a parallel search whose second
+    process dies at once, or at its first candidate (the search then does the work itself)."""
     import planner.search.best_first as P
 
     serial = _outcome(search(model, cluster, replace(options, jobs=1)))
     assert _outcome(search(model, cluster, replace(options, jobs=2))) == serial
-    monkeypatch.setattr(P, "_search_beside", lambda conn, *args: (conn.send(None), conn.close()))
-    assert _outcome(search(model, cluster, replace(options, jobs=2))) == serial
+    for broken in (_helper_dies_at_once, _helper_dies_at_its_first_candidate):
+        monkeypatch.setattr(P, "_helper_main", broken)
+        assert _outcome(search(model, cluster, replace(options, jobs=2))) == serial
+
+
+def _helper_dies_at_once(conn, *args):
+    conn.close()
+
+
+def _helper_dies_at_its_first_candidate(conn, *args):
+    conn.send(("tight", None))
+    conn.send(("ready", None))
+    conn.recv()
+    conn.close()
 
 
 def test_the_parallel_cases_reach_every_path():
@@ -810,3 +823,33 @@ def test_the_parallel_cases_reach_every_path():
     assert five.fastest_tight is not None and five.tight_listed == 1 and len(five.plans) == 5
     eight = search(MODEL, H100_ALONE, replace(OPTIONS, top=8, allow_tight=False, jobs=2))
     assert 8 - (len(eight.plans) - eight.tight_listed) > 1   # fewer than 7 fit with margin
+
+
+def test_the_helper_prices_a_candidate_as_the_search_does():
+    """The helper process (jobs >= 2) prices a candidate it is handed exactly as the search
+    would itself (pricing.priced_apart): the same estimates, and the same counts and warnings
+    for the search's result."""
+    import planner.search.best_first as P
+    from planner.search.pricing import priced_apart
+
+    o = replace(OPTIONS, top=3, jobs=2)
+    cands = [e.strategy for e in search(MODEL, MIXED, replace(o, jobs=1)).priced_estimates[:2]]
+    helper = P._Helper.start(MODEL, MIXED, o, None)
+    try:
+        while not helper.ready:
+            helper._receive(True)
+        for tie, s in enumerate(cands):
+            helper.offer(1.0 + tie, tie, s)
+        helper.feed(float("inf"), 0.0)   # the search's own next entry is elsewhere: the helper takes the first
+        assert helper.in_hand == cands[0]
+        fitting, short, effects = helper.take(cands[0])
+        assert helper.taken == 1 and helper.take(cands[1]) is None   # never handed: the search prices it
+    finally:
+        helper.close()
+    here_fitting, here_short, here_effects = priced_apart(MODEL, MIXED, cands[0], o.uneven_chunks, not o.allow_tight)
+    assert [(e.strategy, e.step_time_s, e.peak_memory.total) for e in fitting] == \
+        [(e.strategy, e.step_time_s, e.peak_memory.total) for e in here_fitting]
+    assert (short is None) == (here_short is None)
+    assert (effects.priced, effects.invalid, effects.solver, effects.optimality_gap, effects.warnings) == \
+        (here_effects.priced, here_effects.invalid, here_effects.solver, here_effects.optimality_gap,
+         here_effects.warnings)

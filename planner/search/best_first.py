@@ -27,7 +27,7 @@ from ..strategy import Strategy
 from .bounds import Bounds
 from .family_screen import FamilyScreen
 from .objective import check_objective, figures, usd_per_hour, usd_per_million_tokens
-from .pricing import ilp_cross_check, price_candidate
+from .pricing import add_effects, ilp_cross_check, priced_apart
 from .results import Plans
 from .screen import fits_exactly, least_block_recompute, memory_screen, stage_memories
 from .space import (PROGRESS_INTERVAL_S, SearchOptions, SearchProgress, SearchResult, family_specs, warn,
@@ -179,25 +179,25 @@ def search(model: ModelSpec, cluster: ClusterSpec, o: SearchOptions, progress=No
     """The top o.top plans of the space under the cost model, best first by o.objective: with
     o.keep_dominated the best distinct plans, else the best of those no plan of the space
     dominates. `progress`, if given, is called with a SearchProgress every
-    PROGRESS_INTERVAL_S seconds. With o.jobs >= 2 the search for TIGHT plans (below) runs in
-    a second process beside the search itself: the same plans and counts as o.jobs 1."""
+    PROGRESS_INTERVAL_S seconds. With o.jobs >= 2 a second process (_Helper) runs the search
+    for TIGHT plans beside this one, then prices candidates ahead of it: the same plans and
+    counts as o.jobs 1."""
     # The search keeps 10^5-10^6 small tuples alive (families, queue entries, cache keys), and
     # every cyclic garbage collection walks them all: 30% of DeepSeek-V3's search on mixed-512
     # (14.5 s -> 10.3 s without it, measured side by side). It makes no reference cycles that
     # must be freed while it runs, so collection waits until it returns.
     was_enabled = gc.isenabled()
     gc.disable()
-    beside = None
+    helper = None
     try:
-        if o.allow_tight:
-            return _BestFirst(model, cluster, o, progress).run()
         if o.jobs >= 2:
-            beside = _TightSearchBeside.start(model, cluster, _tight_options(o, 1, o.time_limit_s))
-        res = _BestFirst(model, cluster, o, progress).run()
-        return _with_tight_plans(model, cluster, o, res, beside)
+            helper = _Helper.start(model, cluster, o,
+                                   None if o.allow_tight else _tight_options(o, 1, o.time_limit_s))
+        res = _BestFirst(model, cluster, o, progress, helper).run()
+        return res if o.allow_tight else _with_tight_plans(model, cluster, o, res, helper)
     finally:
-        if beside is not None:
-            beside.close()
+        if helper is not None:
+            helper.close()
         if was_enabled:
             gc.enable()
 
@@ -209,13 +209,13 @@ def _tight_options(o: SearchOptions, top: int, time_limit_s: float) -> SearchOpt
 
 
 def _with_tight_plans(model: ModelSpec, cluster: ClusterSpec, o: SearchOptions, res: SearchResult,
-                      beside: "_TightSearchBeside | None" = None) -> SearchResult:
+                      helper: "_Helper | None" = None) -> SearchResult:
     """Safe by default, the search above screened against the room that leaves the memory
     model's margin, so TIGHT candidates were not priced. A second search, TIGHT plans allowed,
     finds its best plan, which is the best TIGHT plan that beats #1 when there is one, or,
     when fewer than K plans fit with margin, the best TIGHT plans to close the list. Its counts
     stay out of `res`: they describe the space searched for plans that fit with margin.
-    `beside`: that search (top 1) already running in another process (o.jobs >= 2); its plans
+    `helper`: the process that ran that search (top 1) beside the first (o.jobs >= 2); its plans
     are used unless the list needs more than one TIGHT plan (then it runs again here).
 
     The second search is not cut off at #1's objective: its own best plan is at most that (the
@@ -226,7 +226,7 @@ def _with_tight_plans(model: ModelSpec, cluster: ClusterSpec, o: SearchOptions, 
     safe, safe_figs = res.plans[:n_safe], res.plan_figures[:n_safe]
     need = o.top - n_safe
     t0 = time.perf_counter()
-    probe = beside.result() if beside is not None and need <= 1 else None
+    probe = helper.tight_result() if helper is not None and need <= 1 else None
     if probe is None:
         left = o.time_limit_s - res.seconds
         if left <= 0:
@@ -257,62 +257,168 @@ def _start_method() -> str:
     return "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
 
 
-def _search_beside(conn, model: ModelSpec, cluster: ClusterSpec, o: SearchOptions) -> None:
-    """A search in a child process (_TightSearchBeside): its plans, figures and status go back;
-    what the parent does not read (every estimate priced, the closest miss) stays here."""
+def _helper_main(conn, model: ModelSpec, cluster: ClusterSpec, o: SearchOptions, tight_o) -> None:
+    """The helper process (_Helper): the search for TIGHT plans (tight_o; None: none), whose
+    plans, figures and status go back (the estimates it priced and its closest miss stay
+    here), then candidates priced as they come (pricing.priced_apart) until told to stop."""
     gc.disable()
     try:
-        r = _BestFirst(model, cluster, o, None).run()
-        conn.send(SearchResult(plans=r.plans, plan_figures=r.plan_figures, status=r.status,
-                               optimality_gap=r.optimality_gap, objective=r.objective))
-    except BaseException:   # the parent runs the search itself
-        conn.send(None)
+        if tight_o is not None:
+            try:
+                r = _BestFirst(model, cluster, tight_o, None).run()
+                got = SearchResult(plans=r.plans, plan_figures=r.plan_figures, status=r.status,
+                                   optimality_gap=r.optimality_gap, objective=r.objective)
+            except Exception:   # the parent runs that search itself
+                got = None
+            conn.send(("tight", got))
+        conn.send(("ready", None))
+        while True:
+            s = conn.recv()
+            if s is None:
+                break
+            conn.send(("priced", s, priced_apart(model, cluster, s, o.uneven_chunks, not o.allow_tight)))
+    except (EOFError, OSError, KeyboardInterrupt):
+        pass
     finally:
         conn.close()
 
 
-class _TightSearchBeside:
-    """_with_tight_plans' second search, run in a child process while the first runs here.
-    Anything that stops it (no process can be started, it fails, it dies) leaves result()
-    None, and the parent runs that search itself: the same result, later."""
+class _Helper:
+    """A second process for a search (o.jobs >= 2). It first runs _with_tight_plans' second
+    search, beside the first, then prices candidates ahead of the first search: the search
+    offers it the candidates it queued again (most of those it prices come that way), and
+    while it has none in hand the helper takes the cheapest-bounded of them that the search is
+    not about to reach itself. When the search comes to price a candidate it takes the
+    helper's result, waiting for it if it is being priced, or prices it itself. Pricing is a
+    pure function of the candidate, and the search decides in its own order as before, so the
+    plans and counts are those of a serial search; only the time differs. Anything that stops
+    the helper (no process can be started, it fails or dies) leaves the search to do its work
+    itself, with the same result."""
 
     def __init__(self, proc, conn):
         self.proc, self.conn = proc, conn
+        self.alive = True
+        self.ready = False           # the helper takes candidates (its first search is done)
+        self.tight = None            # what its search for TIGHT plans returned
+        self.tight_done = False
+        self.pending: list = []      # (bound, tie, strategy): candidates it may price
+        self.in_hand = None          # the candidate it is pricing
+        self.results: dict = {}      # strategy -> priced_apart's result
+        self.mine: set = set()       # candidates the search priced itself
+        self.taken = 0               # results the search used (its report)
 
     @classmethod
-    def start(cls, model: ModelSpec, cluster: ClusterSpec, o: SearchOptions) -> "_TightSearchBeside | None":
+    def start(cls, model: ModelSpec, cluster: ClusterSpec, o: SearchOptions, tight_o) -> "_Helper | None":
         try:
             ctx = multiprocessing.get_context(_start_method())
-            here, there = ctx.Pipe(duplex=False)
-            proc = ctx.Process(target=_search_beside, args=(there, model, cluster, o), daemon=True)
+            here, there = ctx.Pipe()
+            proc = ctx.Process(target=_helper_main, args=(there, model, cluster, o, tight_o), daemon=True)
             proc.start()
         except (OSError, AssertionError, ValueError):   # e.g. inside a daemonic process
             return None
         there.close()
         return cls(proc, here)
 
-    def result(self) -> SearchResult | None:
+    def _receive(self, block: bool) -> None:
+        """Read what the helper sent (with `block`, at least one message)."""
         try:
-            got = self.conn.recv()
+            while self.alive and (block or self.conn.poll()):
+                block = False
+                kind, *rest = self.conn.recv()
+                if kind == "tight":
+                    self.tight, self.tight_done = rest[0], True
+                elif kind == "ready":
+                    self.ready = True
+                else:
+                    s, got = rest
+                    self.in_hand = None
+                    if s not in self.mine:
+                        self.results[s] = got
         except (EOFError, OSError):
-            got = None
-        self.proc.join()
+            self.alive = False
+            self.in_hand = None
+
+    def offer(self, bound: float, tie: int, s: Strategy) -> None:
+        """A candidate the search queued again (under this bound and tie): it may be priced."""
+        heapq.heappush(self.pending, (bound, tie, s))
+
+    def feed(self, kth: float, next_bound: float) -> None:
+        """Give the helper a candidate when it has none: the cheapest-bounded one pending that
+        can still enter the top K (bound <= kth), or the second cheapest when the cheapest is
+        the search's own next entry (bound <= next_bound)."""
+        if not self.alive:
+            return
+        self._receive(False)
+        if not self.ready or self.in_hand is not None:
+            return
+        pending, picked = self.pending, []
+        while pending and len(picked) < 2:
+            b, tie, s = heapq.heappop(pending)
+            if b > kth:
+                pending.clear()   # nothing left can enter (the K-th best only rarely rises)
+                break
+            if s not in self.mine and s not in self.results:
+                picked.append((b, tie, s))
+        if not picked:
+            return
+        if picked[0][0] <= next_bound and len(picked) == 2:
+            heapq.heappush(pending, picked[0])
+            picked = picked[1:]
+        elif len(picked) == 2:
+            heapq.heappush(pending, picked[1])
+        s = picked[0][2]
+        try:
+            self.conn.send(s)
+            self.in_hand = s
+        except (OSError, ValueError):
+            self.alive = False
+
+    def take(self, s: Strategy):
+        """priced_apart's result for s if the helper priced it (waiting while it prices it),
+        else None: the search prices s itself."""
+        if self.alive and self.in_hand == s:
+            self._receive(True)
+            while self.alive and self.in_hand is not None:
+                self._receive(True)
+        got = self.results.pop(s, None)
+        if got is None:
+            self.mine.add(s)
+        else:
+            self.taken += 1
         return got
 
+    def tight_result(self) -> SearchResult | None:
+        """What the search for TIGHT plans returned (None: run it here)."""
+        while self.alive and not self.tight_done:
+            self._receive(True)
+        return self.tight
+
     def close(self) -> None:
-        """Stop the child if it still runs (the first search raised or was interrupted)."""
+        """Stop the helper: told to, or ended if it is still in a search or pricing."""
+        if self.alive and self.ready and self.in_hand is None:
+            try:
+                self.conn.send(None)
+            except (OSError, ValueError):
+                pass
+            self.proc.join(timeout=_HELPER_STOP_S)
         if self.proc.is_alive():
             self.proc.terminate()
-        self.proc.join()
+            self.proc.join()
         self.conn.close()
+
+
+# Seconds the helper is given to stop after being told to (it reads the message at once).
+_HELPER_STOP_S = 1.0
 
 
 class _BestFirst:
     """One search: the queue, the plans found, the caches its steps share and the result it
     fills in. run() queues the families, takes entries best first, and finishes the result."""
 
-    def __init__(self, model: ModelSpec, cluster: ClusterSpec, o: SearchOptions, progress):
+    def __init__(self, model: ModelSpec, cluster: ClusterSpec, o: SearchOptions, progress,
+                 helper: _Helper | None = None):
         self.t0 = time.perf_counter()
+        self.helper = helper   # another process pricing candidates ahead (o.jobs >= 2)
         # safe by default: memory screens leave the memory model's margin
         self.with_margin = not o.allow_tight
         if model.position_embedding_type == "learned_absolute" and o.seq_length > model.max_position_embeddings:
@@ -444,7 +550,7 @@ class _BestFirst:
     def _take_best_first(self) -> None:
         """Families -> cells -> candidates -> priced plans, until the K-th best plan is better
         than every bound left (or the time limit)."""
-        heap = self.heap
+        heap, helper = self.heap, self.helper
         while heap:
             lb, _, kind, payload = heap[0]
             if lb > self._kth():
@@ -459,6 +565,8 @@ class _BestFirst:
             c = self._reach(lb, kind, payload)
             if c is not None:
                 self._price_and_offer(c)
+            if helper is not None:
+                helper.feed(self._kth(), heap[0][0] if heap else float("inf"))
 
     def _stop_at_time_limit(self, lb: float) -> None:
         res = self.res
@@ -538,6 +646,13 @@ class _BestFirst:
             got = self.splits[key] = initial_split(self.model, self.cluster, c, groups, uneven)
         return got
 
+    def _requeue(self, bound: float, entry: _Requeued) -> None:
+        """Queue a built candidate again, under a higher bound; the helper may price it."""
+        tie = next(self.tie)
+        heapq.heappush(self.heap, (bound, tie, _REQUEUED, entry))
+        if self.helper is not None:
+            self.helper.offer(bound, tie, entry.strategy)
+
     def _reach_block(self, child: _Child) -> None:
         """A block-recompute child: on its starting split (the partition assumes every layer
         recomputed alike, so it is not re-solved), more recomputed layers only cost time and
@@ -552,8 +667,7 @@ class _BestFirst:
             self.res.pruned_memory += 1
             return
         b = self.bounds.block_candidate(ck, groups, tk=child.family.tk)
-        heapq.heappush(self.heap, (self._objective_lb(b, child.usd_hour), next(self.tie), _REQUEUED,
-                                   _Requeued(ck, b, child.usd_hour, child.family.peak_lb)))
+        self._requeue(self._objective_lb(b, child.usd_hour), _Requeued(ck, b, child.usd_hour, child.family.peak_lb))
 
     def _reach_candidate(self, lb: float, child: _Child) -> Strategy | None:
         """A candidate on its starting split, screened by memory; with the layers each stage can
@@ -579,7 +693,7 @@ class _BestFirst:
             return None
         lb2 = self._objective_lb(b2, usd_h)
         if lb2 > lb * (1 + _REQUEUE_SLACK):
-            heapq.heappush(self.heap, (lb2, next(self.tie), _REQUEUED, _Requeued(c, b2, usd_h, peak_lb)))
+            self._requeue(lb2, _Requeued(c, b2, usd_h, peak_lb))
             return None
         return c
 
@@ -598,8 +712,11 @@ class _BestFirst:
     def _price_and_offer(self, c: Strategy) -> None:
         """Price a candidate (its exact split too) and offer the plans that fit."""
         o = self.o
-        fitting, short = price_candidate(self.model, self.cluster, c, "dp", self.res, o.uneven_chunks,
-                                safe_split=not o.allow_tight)
+        got = self.helper.take(c) if self.helper is not None else None
+        if got is None:
+            got = priced_apart(self.model, self.cluster, c, o.uneven_chunks, not o.allow_tight)
+        fitting, short, effects = got
+        add_effects(self.res, effects)
         if not fitting:
             if short is not None and (self.closest is None or short[0] < self.closest[0]):
                 self.closest = short

@@ -1,13 +1,13 @@
 """Pricing of the search: a candidate's full estimate and its exact re-split (price_candidate,
-_estimate_split), and with --solver ilp the top plans' splits solved again as an ILP
-(ilp_cross_check)."""
+_estimate_split; priced_apart and add_effects where it runs in another process), and with
+--solver ilp the top plans' splits solved again as an ILP (ilp_cross_check)."""
 
 from __future__ import annotations
 
 from ..errors import InvalidStrategy
 from ..estimate import Estimate, estimate
 from ..strategy import Strategy
-from .space import SearchResult
+from .space import SearchResult, warn
 from .split import refine_partition
 
 def price_candidate(model, cluster, s: Strategy, solver: str, res: SearchResult, uneven: bool = True,
@@ -41,6 +41,28 @@ def price_candidate(model, cluster, s: Strategy, solver: str, res: SearchResult,
     if fitting:
         return fitting, None
     return [], (_short(e), e)
+
+
+def priced_apart(model, cluster, s: Strategy, uneven: bool, safe_split: bool):
+    """price_candidate on a result of its own: (the estimates that fit, the shortfall, the
+    result holding what pricing adds to a search's result, for add_effects). A pure function of
+    its arguments, so it can run in another process (best_first.py's helper) and give the same."""
+    effects = SearchResult(plans=[], solver="")
+    fitting, short = price_candidate(model, cluster, s, "dp", effects, uneven, safe_split)
+    return fitting, short, effects
+
+
+def add_effects(res: SearchResult, effects: SearchResult) -> None:
+    """Add to res what price_candidate added to `effects` (priced_apart): the same as pricing
+    into res itself."""
+    res.invalid += effects.invalid
+    res.priced += effects.priced
+    res.priced_estimates.extend(effects.priced_estimates)
+    if effects.solver:
+        res.solver = effects.solver
+    res.optimality_gap = max(res.optimality_gap, effects.optimality_gap)
+    for w in effects.warnings:
+        warn(res.warnings, w)
 
 
 def _estimate_split(model, cluster, s: Strategy, s2):
