@@ -210,3 +210,24 @@ def test_ep64_launch_all_to_all_on_nvlink_in_a_rack_and_on_nics_across_hgx_nodes
     per_call = nodes["time_s"] / nodes["count_per_step"]
     assert per_call == pytest.approx(nodes["bytes"] * 56 / 64 / (50e9 * 0.92), rel=0.02)
     assert per_call > 10 * rack["time_s"] / rack["count_per_step"]
+
+
+@pytest.mark.parametrize("gpu,bf16_tflops,per_direction_gbps", [("mi355x-288g", 2516.6, 537.6), ("h20-96g", 148, 450)])
+def test_2026_profiles_carry_datasheet_figures_and_refuse_nvfp4(tmp_path, gpu, bf16_tflops, per_direction_gbps):
+    """MI355X (7 Infinity Fabric links x 153.6 GB/s bidirectional / 2 = 537.6 GB/s per direction)
+    and H20 (NVLink 4, 450 per direction) load with their datasheet peaks; neither runs NVIDIA's
+    NVFP4 recipe, so `plan --precision nvfp4` on them is refused in one line."""
+    import subprocess, sys
+    from planner.library import load_bundled_profile
+    p = load_bundled_profile(gpu)
+    assert p.peak("bf16") == pytest.approx(bf16_tflops * 1e12)
+    assert p.scale_up_bandwidth_bytes_per_s == pytest.approx(per_direction_gbps * 1e9)
+    assert "efficiency" in p.uncertain
+    c = tmp_path / "c.yaml"
+    c.write_text(f"name: c\nnode_groups:\n  - {{name: g, nodes: 2, gpus_per_node: 8, gpu: {gpu}, nics_per_node: 8, "
+                 "nic_bandwidth: 400 Gb/s}\n")
+    r = subprocess.run([sys.executable, "-m", "planner", "plan", "--model", "llama3-8b", "--cluster", str(c),
+                        "--global-batch-size", "64", "--seq-length", "4096", "--precision", "nvfp4"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and "nvfp4" in r.stderr and gpu in r.stderr
