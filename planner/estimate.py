@@ -190,8 +190,10 @@ layer_time_of.cache_clear = _clear_layer_times   # as for an lru_cache (validati
 # records every field layer_time reads and fails if one is missing here.
 LAYER_TIME_FIELDS = ("tp", "cp", "ep", "etp", "micro_batch_size", "seq_length", "recompute", "sequence_parallel",
                      "precision", "fused_attention", "recompute_modules", "fp8_recipe", "moe_token_dispatcher_type",
-                     "moe_pad_expert_input_to_capacity", "cuda_graph_impl", "cuda_graph_scope", "tp_comm_overlap")
-MOE_ONLY_LAYER_TIME_FIELDS = frozenset({"ep", "etp", "moe_token_dispatcher_type", "moe_pad_expert_input_to_capacity"})
+                     "moe_pad_expert_input_to_capacity", "cuda_graph_impl", "cuda_graph_scope", "tp_comm_overlap",
+                     "moe_flex_dispatcher_num_sms")
+MOE_ONLY_LAYER_TIME_FIELDS = frozenset({"ep", "etp", "moe_token_dispatcher_type", "moe_pad_expert_input_to_capacity",
+                                        "moe_flex_dispatcher_num_sms"})
 _DENSE_TIME_KEY_FIELDS = tuple(f for f in LAYER_TIME_FIELDS if f not in MOE_ONLY_LAYER_TIME_FIELDS)
 
 

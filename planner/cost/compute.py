@@ -45,6 +45,22 @@ FP8_CAST_BYTES = 2 + 1
 AMAX_PASS_BYTES = 2
 MXFP8_CAST_BYTES = 2 + 2 * (1 + 1 / 32)
 NVFP4_CAST_BYTES = AMAX_PASS_BYTES + 2 + 2 * NVFP4_BYTES_PER_ELEMENT
+# SMs the MoE dispatcher's all-to-all kernels hold while they run (cost/moe_schedule.py charges
+# them to the compute beside them):
+# - alltoall dispatcher, NCCL: an all-to-all is grouped send / recv, one CTA per p2p channel it
+#   spreads over, and with a peer per rank it spreads over all of them. NCCL makes the p2p
+#   channels pow2Up(min(its collective channels, NCCL_MAX_P2P_NCHANNELS)) (nccl src/graph/paths.cc
+#   ncclTopoComputeP2pChannels, NVIDIA/nccl 5067397); NCCL's init logs on 8 x H100 SXM
+#   (p5.48xlarge, NVLink + NVSwitch) read "24 coll channels, ..., 32 p2p channels, 32 p2p
+#   channels per peer", on 2 nodes (IB) the same 32 p2p channels. Blackwell and the other
+#   profiles are taken alike (no published log found: uncertain).
+NCCL_ALL_TO_ALL_CTAS = 32
+# - flex dispatcher, DeepEP: Megatron sets Buffer.set_num_sms(moe_flex_dispatcher_num_sms, or 20
+#   when unset: "DeepEP's historical mcore default", megatron/core/transformer/moe/
+#   token_dispatcher.py, Megatron-LM d98e8a6; DeepEP's legacy Buffer.num_sms = 20 likewise).
+#   Strategy.moe_flex_dispatcher_num_sms carries a set count (HybridEP's default is resolved
+#   when the flags are read, planner/megatron/strategy_from_flags.py).
+DEEPEP_DEFAULT_NUM_SMS = 20
 
 
 @dataclass(frozen=True)
@@ -501,7 +517,7 @@ def layer_time(model: ModelSpec, s: Strategy, gpu: GPUProfile, moe: bool) -> Lay
         nodes = MoENodes(*_moe_nodes(P, core, core_bwd, grad_quant, set() if rec_parts is None else rec_parts,
                                      graphed, host_s),
                          host_a2a_s=HOST_KERNELS["all_to_all"] * host_s, synced=synced,
-                         shared_forward_s=P.gemm.get("shared", 0.0))
+                         shared_forward_s=P.gemm.get("shared", 0.0), comm_sm_share=comm_sm_share(s, gpu))
     col_parts = ("qkv", "mla_up", "fc1", "shared")
     overlap = ()
     if s.tp_comm_overlap and t > 1 and s.sp:
@@ -517,6 +533,23 @@ def layer_time(model: ModelSpec, s: Strategy, gpu: GPUProfile, moe: bool) -> Lay
                      column_parallel_gemm_forward=sum(P.gemm.get(k, 0.0) for k in col_parts),
                      host_forward=host_f, host_backward=host_b, tp_overlap_gemms=overlap,
                      tp_degree=t, moe_nodes=nodes, parts_forward=tuple(P.time.items()))
+
+
+def comm_sm_share(s: Strategy, gpu: GPUProfile) -> float:
+    """Share of the GPU's SMs the MoE dispatcher's all-to-all kernels take while they run
+    (their SMs / the GPU's sm_count); 0 for a profile without sm_count, and for the allgather
+    dispatcher, which nothing overlaps (Megatron refuses both EP overlaps with it,
+    transformer_config.py)."""
+    if gpu.sm_count is None or s.moe_token_dispatcher_type == "allgather":
+        return 0.0
+    if s.moe_token_dispatcher_type == "flex":
+        sms = s.moe_flex_dispatcher_num_sms or DEEPEP_DEFAULT_NUM_SMS
+    else:
+        sms = NCCL_ALL_TO_ALL_CTAS
+    if sms >= gpu.sm_count:
+        raise InvalidStrategy("moe-dispatcher-sms", f"moe_flex_dispatcher_num_sms {sms} leaves none of {gpu.name}'s "
+                              f"{gpu.sm_count} SMs to the GEMMs; expected fewer than {gpu.sm_count}")
+    return sms / gpu.sm_count
 
 
 def _moe_nodes(P: "_Parts", core: float, core_bwd: float, grad_quant: float, rec_parts, graphed,
@@ -585,10 +618,10 @@ def adam_step_bytes_per_param(s: Strategy) -> float:
     """Bytes Megatron's fused multi-tensor Adam streams per parameter of the rank's shard: read
     the main gradient twice (global-norm clip, then the step), read and write the master weight
     and both moments, write the model weight (2 x G + 2 x (M + m + v) + P; 34 with the default
-    fp32 states and bf16 weights)."""
-    from .memory import bytes_per_param
+    fp32 states and bf16 weights). G: the gradient the step reads (memory.optimizer_gradient_bytes)."""
+    from .memory import bytes_per_param, optimizer_gradient_bytes
     b = bytes_per_param(s)
-    return 2 * b["gradients"] + 2 * b["optimizer"] + b["parameters"]
+    return 2 * optimizer_gradient_bytes(s) + 2 * b["optimizer"] + b["parameters"]
 
 
 def optimizer_time(params_local: float, gpu: GPUProfile, bytes_per_param: float = 34.0) -> float:

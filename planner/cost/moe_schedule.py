@@ -23,6 +23,25 @@ combine (all-to-all, then unpermutation and residual). Their order, forward and 
   backward computes its weight gradients before it returns (dispatch_b then waits for them).
   The pipeline's warm-up forwards and cool-down backwards run alone (f or b is None).
 
+The communication kernels take SMs from the GEMMs they run beside: NCCL's all-to-all one CTA
+per p2p channel, DeepEP / HybridEP the SM count they are configured with (MoENodes
+comm_sm_share: that count over the GPU's SMs, cost/compute.py). A compute unit that runs beside
+an all-to-all of `a` seconds on a share `c` of the SMs does its work at (1 - c) of its speed
+while they overlap, so its `d` seconds become (sm_shared_s)
+
+    d + min(d, a (1 - c)) c / (1 - c)        = d + c min(d / (1 - c), a),
+
+i.e. d / (1 - c) when it ends first, d + c a when it outlasts the all-to-all. Each all-to-all of
+the EP-overlap schedule is taken as running beside the compute it is paired with in the diagram
+above for as long as both last (its partner group: combine_b | pre_f, dispatch_f | experts_b,
+dispatch_b | experts_b weight + experts_f, combine_f | pre_b + pre_b weight), the whole charge
+of a group on its first unit: an upper bound where the schedule delays the all-to-all (it may
+start after its partner), exact where it starts with it; and the group's total is right when it
+spans two units (charging the first alone keeps every period monotone in every weight). The
+all-to-all itself is not slowed (its own SMs), nor the GPU work that the combine units run on
+the communication stream (compute beside compute is not modelled). In the plain schedule only
+--moe-shared-expert-overlap runs compute beside an all-to-all (the shared expert's fc1 / fc2).
+
 Dropless routing makes the host wait for the GPU once per forward, before dispatch_f, for the
 token counts the router produced (token_dispatcher.py: cuda_sync_point "before_ep_alltoall", or
 "before_finish" without EP); with padding to capacity or the all-gather dispatcher it does not.
@@ -69,6 +88,12 @@ class MoENodes:
     host_a2a_s: float          # host seconds to issue one all-to-all
     synced: bool               # the host waits for the token counts before dispatching
     shared_forward_s: float = 0.0   # the shared expert's forward GEMMs (part of pre)
+    comm_sm_share: float = 0.0      # SMs the all-to-all kernels hold while they run / the GPU's SMs
+
+    def __post_init__(self):
+        if not 0.0 <= self.comm_sm_share < 1.0:
+            raise ValueError(f"MoENodes.comm_sm_share: {self.comm_sm_share}; expected a share of the GPU's "
+                             "SMs in [0, 1) (the communication kernels must leave the GEMMs some)")
 
 
 @dataclass(frozen=True)
@@ -80,6 +105,22 @@ class A2A:
 
 
 NO_A2A = A2A(0.0, 0.0)
+
+
+def sm_shared_s(compute_s: float, comm_s: float, share: float) -> float:
+    """Seconds of `compute_s` of GPU work run beside a communication kernel of `comm_s` seconds
+    that holds `share` of the SMs: the work runs at (1 - share) of its speed while both last,
+    d + min(d, a (1 - share)) share / (1 - share) (module docstring). Increases with d and a."""
+    if share <= 0.0 or comm_s <= 0.0 or compute_s <= 0.0:
+        return compute_s
+    return compute_s + share * min(compute_s / (1.0 - share), comm_s)
+
+
+def _group_charge_s(units: tuple[float, ...], comm_s: float, share: float) -> float:
+    """What a group of units run back to back beside one communication kernel loses to it in
+    all (sm_shared_s of their sum, less the sum)."""
+    total = sum(units)
+    return sm_shared_s(total, comm_s, share) - total
 
 
 class _Timeline:
@@ -108,36 +149,55 @@ def _layer(tl: _Timeline, n: MoENodes, a2a: A2A, f: bool, b: bool, delay_wgrad: 
     output gradient is ready. Returns when the output / the input gradient is ready.
     shared_overlap (--moe-shared-expert-overlap, plain schedule only): the shared expert's fc1
     runs on its own stream beside the dispatch and its fc2 beside the combine
-    (token_dispatcher.py); taken as half of its forward GEMM time each."""
+    (token_dispatcher.py); taken as half of its forward GEMM time each.
+    Compute beside an all-to-all is charged the SMs its kernels hold (module docstring): in a
+    merged pair each all-to-all's partner group, with the plain schedule the shared expert."""
     pre, exp, post = n.pre, n.experts, n.post
     h = n.host_a2a_s
     shared = n.shared_forward_s if shared_overlap and f and not b else 0.0
     split = delay_wgrad and f and b
+    a_f, a_b = a2a.forward_s / 2, a2a.backward_s / 2      # one all-to-all of each direction
+    # GPU seconds of the compute units, with the SMs the all-to-all beside them takes: only a
+    # merged pair on two streams places compute beside an all-to-all
+    c = n.comm_sm_share if f and b and tl.comm == "comm" else 0.0
+    pre_f_s = pre.forward_s - shared
+    mlp_b_s = exp.backward_s + (0.0 if split else exp.weight_s)
+    exp_w_s = exp.weight_s if split else 0.0
+    pre_b_s = pre.backward_s + (0.0 if split else pre.weight_s)
+    pre_w_s = pre.weight_s if split else 0.0
+    if c > 0.0:
+        pre_f_s += _group_charge_s((pre_f_s,), a_b, c)                      # beside combine_b
+        mlp_b_s += _group_charge_s((mlp_b_s,), a_f, c)                      # beside dispatch_f
+        if split:                                                           # beside dispatch_b
+            exp_w_s += _group_charge_s((exp_w_s, exp.forward_s), a_b, c)
+            mlp_f_s = exp.forward_s
+        else:
+            mlp_f_s = exp.forward_s + _group_charge_s((exp.forward_s,), a_b, c)
+        pre_b_s += _group_charge_s((pre_b_s, pre_w_s), a_f, c)              # beside combine_f
+    else:
+        mlp_f_s = exp.forward_s
+    # the shared expert's fc1 / fc2 beside the forward all-to-alls (plain schedule)
+    shared_half = sm_shared_s(shared / 2, a_f, n.comm_sm_share) if shared else 0.0
     f_out, b_out = f_in, b_in
     if b:
-        combine_b = tl.op("comm", a2a.backward_s / 2 + post.backward_s + post.weight_s, h + post.host_backward_s,
-                          after=b_in)
+        combine_b = tl.op("comm", a_b + post.backward_s + post.weight_s, h + post.host_backward_s, after=b_in)
     if f:
-        pre_f = tl.op("comp", pre.forward_s - shared, pre.host_forward_s, after=f_in)
+        pre_f = tl.op("comp", pre_f_s, pre.host_forward_s, after=f_in)
     if b:
-        mlp_b = tl.op("comp", exp.backward_s + (0.0 if split else exp.weight_s),
-                      exp.host_backward_s / (2 if split else 1), after=combine_b)
+        mlp_b = tl.op("comp", mlp_b_s, exp.host_backward_s / (2 if split else 1), after=combine_b)
     if f:
-        dispatch_f = tl.op("comm", max(a2a.forward_s / 2, shared / 2), h, after=pre_f,
-                           sync=pre_f if n.synced else None)
+        dispatch_f = tl.op("comm", max(a_f, shared_half), h, after=pre_f, sync=pre_f if n.synced else None)
     if b:
         if split:
-            tl.op("comp", exp.weight_s, exp.host_backward_s / 2)
-        dispatch_b = tl.op("comm", a2a.backward_s / 2, h, after=mlp_b)
+            tl.op("comp", exp_w_s, exp.host_backward_s / 2)
+        dispatch_b = tl.op("comm", a_b, h, after=mlp_b)
     if f:
-        mlp_f = tl.op("comp", exp.forward_s, exp.host_forward_s, after=dispatch_f)
-        f_out = tl.op("comm", max(a2a.forward_s / 2, shared / 2) + post.forward_s, h + post.host_forward_s,
-                      after=mlp_f)
+        mlp_f = tl.op("comp", mlp_f_s, exp.host_forward_s, after=dispatch_f)
+        f_out = tl.op("comm", max(a_f, shared_half) + post.forward_s, h + post.host_forward_s, after=mlp_f)
     if b:
-        b_out = tl.op("comp", pre.backward_s + (0.0 if split else pre.weight_s),
-                      pre.host_backward_s / (2 if split else 1), after=dispatch_b)
+        b_out = tl.op("comp", pre_b_s, pre.host_backward_s / (2 if split else 1), after=dispatch_b)
         if split:
-            tl.op("comp", pre.weight_s, pre.host_backward_s / 2)
+            tl.op("comp", pre_w_s, pre.host_backward_s / 2)
     return f_out, b_out
 
 

@@ -106,6 +106,8 @@ def _moe_args(add, model: ModelSpec, s: Strategy) -> None:
         if s.moe_grouped_gemm:
             add("--moe-grouped-gemm")
         add("--moe-token-dispatcher-type", s.moe_token_dispatcher_type)
+        if s.moe_token_dispatcher_type == "flex" and s.moe_flex_dispatcher_num_sms is not None:
+            add("--moe-flex-dispatcher-num-sms", s.moe_flex_dispatcher_num_sms)
         if s.overlap_moe_expert_parallel_comm:
             add("--overlap-moe-expert-parallel-comm")
         if s.moe_shared_expert_overlap and model.moe_shared_expert_intermediate_size:

@@ -32,7 +32,7 @@ def strategy_from_flags(v: dict, val, model: ModelSpec, world: int | None, sourc
     recompute = _recompute(val, unpriced)
     numerics = _precision_sharding_attention(v, val, notes, unpriced)
     vpp, layers_per_stage, chunk_layers = _pipeline_split(v, val, model.num_layers, pp, source)
-    moe_kw = _moe_options(val) if model.is_moe else {}
+    moe_kw = _moe_options(val, source) if model.is_moe else {}
     graph_impl, scope_words = _cuda_graphs(val)
     s = Strategy(
         tp=tp, pp=pp, dp=max(dp, 1), cp=cp, ep=ep, etp=val("expert_tensor_parallel_size"), vpp=vpp,
@@ -177,9 +177,32 @@ def _pipeline_split(v: dict, val, L: int, pp: int, source: str):
     return vpp, layers_per_stage, chunk_layers
 
 
-def _moe_options(val) -> dict:
+def _flex_num_sms(val, source: str) -> int | None:
+    """The flex dispatcher's SMs: --moe-flex-dispatcher-num-sms, else the deprecated
+    --moe-deepep-num-sms / --moe-hybridep-num-sms routed to it (TransformerConfig.__post_init__,
+    which refuses the two set apart); None: DeepEP's default (Megatron's 20, cost/compute.py).
+    The backend (--moe-flex-dispatcher-backend) is not read (its buffers are not priced): HybridEP
+    left to its own default (24 SMs inside one NVLink domain, 8 across: DeepEP hybrid-ep branch,
+    csrc/hybrid_ep/config.cuh) is priced at DeepEP's 20 too."""
+    n = val("moe_flex_dispatcher_num_sms")
+    if n is None:
+        old = {v for v in (val("moe_deepep_num_sms"), val("moe_hybridep_num_sms")) if v is not None}
+        if len(old) > 1:
+            raise InvalidLaunch([("flex-dispatcher-sms", f"--moe-deepep-num-sms and --moe-hybridep-num-sms differ "
+                                 f"({sorted(old)}); expected one --moe-flex-dispatcher-num-sms (Megatron refuses "
+                                 "conflicting SM counts)")], source)
+        n = old.pop() if old else None
+    if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
+        raise InvalidLaunch([("flex-dispatcher-sms", f"--moe-flex-dispatcher-num-sms: found {n!r}, expected a "
+                                                     "positive number of SMs")], source)
+    return n
+
+
+def _moe_options(val, source: str = "flags") -> dict:
     """Strategy's MoE fields (a MoE model only)."""
     return dict(moe_token_dispatcher_type=val("moe_token_dispatcher_type"),
+                moe_flex_dispatcher_num_sms=(_flex_num_sms(val, source)
+                                             if val("moe_token_dispatcher_type") == "flex" else None),
                 moe_grouped_gemm=bool(val("moe_grouped_gemm")),
                 moe_pad_expert_input_to_capacity=bool(val("moe_pad_expert_input_to_capacity")),
                 overlap_moe_expert_parallel_comm=bool(val("overlap_moe_expert_parallel_comm")),

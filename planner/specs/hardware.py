@@ -68,6 +68,10 @@ class GPUProfile:
     # measured / modelled compute seconds, fitted by `planner calibrate` from a cluster's own
     # training logs (1.0: the profile as written); multiplies every compute kernel's time
     compute_time_scale: float = 1.0
+    # streaming multiprocessors (AMD: compute units), from the datasheet or architecture paper;
+    # None: not known, and then the SMs communication kernels take from GEMMs are not charged
+    # (cost/compute.py comm_sm_share)
+    sm_count: int | None = None
 
     def peak(self, dtype: str) -> float:
         for d, v in self.peak_flops_per_s:
@@ -81,7 +85,8 @@ class GPUProfile:
 
 PROFILE_FIELDS = {"name", "vendor", "memory", "memory_bandwidth", "peak_tflops", "scale_up_bandwidth",
                   "scale_up_latency", "pcie_bandwidth", "cuda_context", "nccl_memory_per_communicator",
-                  "fragmentation_fraction", "compute_capability", "efficiency", "source", "uncertain", "notes"}
+                  "fragmentation_fraction", "compute_capability", "sm_count", "efficiency", "source", "uncertain",
+                  "notes"}
 PROFILE_REQUIRED_FIELDS = {"name", "memory", "memory_bandwidth", "peak_tflops", "scale_up_bandwidth",
                            "pcie_bandwidth", "cuda_context", "nccl_memory_per_communicator",
                            "fragmentation_fraction", "compute_capability", "efficiency"}
@@ -154,6 +159,7 @@ def profile_from_dict(data: Any, source: str) -> GPUProfile:
         nccl_bytes_per_communicator=_unit(parse_size, data, "nccl_memory_per_communicator", source),
         fragmentation_fraction=get_float(data, "fragmentation_fraction", source, maximum=0.5),
         compute_capability=get_float(data, "compute_capability", source, minimum=1.0, maximum=20.0),
+        sm_count=get_int(data, "sm_count", source, default=None, minimum=1, maximum=100_000),
         efficiency=efficiency,
         source=get_str(data, "source", source, default="") or "",
         uncertain=tuple(uncertain) + tuple(uncertain_extra),

@@ -182,6 +182,8 @@ PROFILE_PROPERTIES = {
     "fragmentation_fraction": {"type": "number", "minimum": 0, "maximum": 0.5,
                                "description": "caching allocator: reserved beyond allocated, as a fraction of allocated"},
     "compute_capability": {"type": "number", "minimum": 1, "description": "CUDA compute capability (e.g. 9.0 for H100)"},
+    "sm_count": _int("streaming multiprocessors (AMD: compute units), e.g. 132 for H100 SXM; absent: SMs taken by "
+                     "communication kernels are not charged to the GEMMs beside them"),
     "efficiency": {"type": "object", "properties": EFFICIENCY_PROPERTIES, "additionalProperties": False,
                    "required": sorted(EFF_REQUIRED_FIELDS)},
     "source": TEXT,
