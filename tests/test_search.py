@@ -834,7 +834,7 @@ def test_the_helper_prices_a_candidate_as_the_search_does():
 
     o = replace(OPTIONS, top=3, jobs=2)
     cands = [e.strategy for e in search(MODEL, MIXED, replace(o, jobs=1)).priced_estimates[:2]]
-    helper = P._Helper.start(MODEL, MIXED, o, None)
+    helper = P._Helper.start(MODEL, MIXED, o, None, None)   # no search for TIGHT plans first
     try:
         while not helper.ready:
             helper._receive(True)

@@ -190,11 +190,14 @@ def search(model: ModelSpec, cluster: ClusterSpec, o: SearchOptions, progress=No
     gc.disable()
     helper = None
     try:
+        first = _BestFirst(model, cluster, o, progress)
+        first.queue_families()
         if o.jobs >= 2:
-            helper = _Helper.start(model, cluster, o,
-                                   None if o.allow_tight else _tight_options(o, 1, o.time_limit_s))
-        res = _BestFirst(model, cluster, o, progress, helper).run()
-        return res if o.allow_tight else _with_tight_plans(model, cluster, o, res, helper)
+            left = o.time_limit_s - (time.perf_counter() - first.t0)
+            helper = first.helper = _Helper.start(model, cluster, o, first,
+                                                  None if o.allow_tight else _tight_options(o, 1, left))
+        res = first.take_best_first()
+        return res if o.allow_tight else _with_tight_plans(model, cluster, o, res, first, helper)
     finally:
         if helper is not None:
             helper.close()
@@ -209,12 +212,14 @@ def _tight_options(o: SearchOptions, top: int, time_limit_s: float) -> SearchOpt
 
 
 def _with_tight_plans(model: ModelSpec, cluster: ClusterSpec, o: SearchOptions, res: SearchResult,
-                      helper: "_Helper | None" = None) -> SearchResult:
+                      first: "_BestFirst", helper: "_Helper | None" = None) -> SearchResult:
     """Safe by default, the search above screened against the room that leaves the memory
     model's margin, so TIGHT candidates were not priced. A second search, TIGHT plans allowed,
     finds its best plan, which is the best TIGHT plan that beats #1 when there is one, or,
     when fewer than K plans fit with margin, the best TIGHT plans to close the list. Its counts
-    stay out of `res`: they describe the space searched for plans that fit with margin.
+    stay out of `res`: they describe the space searched for plans that fit with margin. It
+    searches the families of the first search (`first`: its enumeration, screen tables and
+    bound caches), screened without the margin.
     `helper`: the process that ran that search (top 1) beside the first (o.jobs >= 2); its plans
     are used unless the list needs more than one TIGHT plan (then it runs again here).
 
@@ -231,7 +236,7 @@ def _with_tight_plans(model: ModelSpec, cluster: ClusterSpec, o: SearchOptions, 
         left = o.time_limit_s - res.seconds
         if left <= 0:
             return res
-        probe = _BestFirst(model, cluster, _tight_options(o, max(need, 1), left), None).run()
+        probe = _BestFirst(model, cluster, _tight_options(o, max(need, 1), left), None, families_of=first).run()
     tight = {e.strategy: (f.objective(o.objective), e, f)
              for e, f in zip(res.plans[n_safe:] + probe.plans, res.plan_figures[n_safe:] + probe.plan_figures)
              if e.memory_verdict == "tight"}
@@ -257,15 +262,16 @@ def _start_method() -> str:
     return "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
 
 
-def _helper_main(conn, model: ModelSpec, cluster: ClusterSpec, o: SearchOptions, tight_o) -> None:
-    """The helper process (_Helper): the search for TIGHT plans (tight_o; None: none), whose
+def _helper_main(conn, model: ModelSpec, cluster: ClusterSpec, o: SearchOptions, first, tight_o) -> None:
+    """The helper process (_Helper): the search for TIGHT plans (tight_o; None: none) over the
+    families of the first search (`first`, as it was when the helper started; None: its own), whose
     plans, figures and status go back (the estimates it priced and its closest miss stay
     here), then candidates priced as they come (pricing.priced_apart) until told to stop."""
     gc.disable()
     try:
         if tight_o is not None:
             try:
-                r = _BestFirst(model, cluster, tight_o, None).run()
+                r = _BestFirst(model, cluster, tight_o, None, families_of=first).run()
                 got = SearchResult(plans=r.plans, plan_figures=r.plan_figures, status=r.status,
                                    optimality_gap=r.optimality_gap, objective=r.objective)
             except Exception:   # the parent runs that search itself
@@ -308,11 +314,16 @@ class _Helper:
         self.taken = 0               # results the search used (its report)
 
     @classmethod
-    def start(cls, model: ModelSpec, cluster: ClusterSpec, o: SearchOptions, tight_o) -> "_Helper | None":
+    def start(cls, model: ModelSpec, cluster: ClusterSpec, o: SearchOptions, first: "_BestFirst",
+              tight_o) -> "_Helper | None":
+        """The helper, started once `first` has queued its families: a forked helper reads
+        them from its copy of the memory; a spawned one (no fork) enumerates its own."""
         try:
-            ctx = multiprocessing.get_context(_start_method())
+            method = _start_method()
+            ctx = multiprocessing.get_context(method)
             here, there = ctx.Pipe()
-            proc = ctx.Process(target=_helper_main, args=(there, model, cluster, o, tight_o), daemon=True)
+            proc = ctx.Process(target=_helper_main, daemon=True,
+                               args=(there, model, cluster, o, first if method == "fork" else None, tight_o))
             proc.start()
         except (OSError, AssertionError, ValueError):   # e.g. inside a daemonic process
             return None
@@ -416,9 +427,12 @@ class _BestFirst:
     fills in. run() queues the families, takes entries best first, and finishes the result."""
 
     def __init__(self, model: ModelSpec, cluster: ClusterSpec, o: SearchOptions, progress,
-                 helper: _Helper | None = None):
+                 families_of: "_BestFirst | None" = None):
         self.t0 = time.perf_counter()
-        self.helper = helper   # another process pricing candidates ahead (o.jobs >= 2)
+        self.helper: _Helper | None = None   # another process pricing candidates ahead (o.jobs >= 2)
+        # a search whose families (enumeration, screen tables, bound caches) this one shares:
+        # the search for TIGHT plans beside a search safe by default
+        self.families_of = families_of
         # safe by default: memory screens leave the memory model's margin
         self.with_margin = not o.allow_tight
         if model.position_embedding_type == "learned_absolute" and o.seq_length > model.max_position_embeddings:
@@ -434,11 +448,12 @@ class _BestFirst:
                                      f"({model.max_position_embeddings}); launches set --max-position-embeddings "
                                      f"{o.seq_length}. Past its trained length a RoPE model needs rope scaling "
                                      "(--use-rope-scaling --rope-scaling-factor) or a long-context stage")
-        self.bounds = Bounds(model, cluster)
+        self.bounds = Bounds(model, cluster) if families_of is None else families_of.bounds
         self.zero_opts = zero_options(o)
         self.heap: list = []   # (objective bound, tie, kind, payload)
         self.tie = itertools.count()
-        self.layouts_cache: dict = {}   # (GPUs per stage, pp) -> _Layouts
+        # (GPUs per stage, pp) -> _Layouts
+        self.layouts_cache: dict = {} if families_of is None else families_of.layouts_cache
         self.plans = Plans(o)
         self.tokens_per_step = o.global_batch_size * o.seq_length
         self.priced_cluster = cluster.is_priced
@@ -457,7 +472,18 @@ class _BestFirst:
         self.last_report = self.t0
 
     def run(self) -> SearchResult:
-        self._queue_families()
+        self.queue_families()
+        return self.take_best_first()
+
+    def queue_families(self) -> None:
+        """Step 1: the families screened and queued (those of families_of when given)."""
+        if self.families_of is None:
+            self._queue_families()
+        else:
+            self._queue_families_of(self.families_of)
+
+    def take_best_first(self) -> SearchResult:
+        """Step 2: the entries taken best first, and the result."""
         self._take_best_first()
         return self._finish()
 
@@ -534,7 +560,18 @@ class _BestFirst:
             res.candidates += count
             screen.add(cls.base, ckey, pp, dp, m, block, max(vh), self.layouts_cache[lkey].names)
             specs.append(_FamilySpec(cls, pp, dp, block, vh, lkey, count, m))
-        may_fit, peak_lbs = screen.run()
+        self._queue_screened(*screen.run())
+
+    def _queue_families_of(self, other: "_BestFirst") -> None:
+        """The families of another search of the same space (enumerated, their tables and bounds
+        cached there), screened with this search's margin: what _queue_families would queue."""
+        self.screen, self.specs = other.screen, other.specs
+        self.res.candidates = sum(spec.candidates for spec in self.specs)
+        self._queue_screened(*self.screen.run_again(self.with_margin))
+
+    def _queue_screened(self, may_fit: np.ndarray, peak_lbs: np.ndarray) -> None:
+        """Queue the families that may fit, bounded over all their stage placements."""
+        specs, res = self.specs, self.res
         for i in np.flatnonzero(may_fit):
             spec = specs[i]
             lay = self.layouts_cache[spec.lkey]
@@ -769,7 +806,8 @@ class _BestFirst:
                 closest = (short, c)
         if closest is None:
             # the families memory ruled out with the least peak bytes, their candidates tried
-            near = self.unfit[np.argsort(self.screen.peaks(self.unfit), kind="stable")[:_CLOSEST_FAMILIES]]
+            peaks = self.screen.peaks(self.unfit, self.with_margin)
+            near = self.unfit[np.argsort(peaks, kind="stable")[:_CLOSEST_FAMILIES]]
             closest = _closest_of(model, cluster,
                                   [_family_of(self.specs[i], self.layouts_cache[self.specs[i].lkey]) for i in near],
                                   self.zero_opts)

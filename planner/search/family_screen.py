@@ -44,6 +44,8 @@ _MOE = _KINDS.index(True)
 # End shapes of a rank, the columns of the fixed-bytes tables: (first, last).
 _SHAPES = ((True, False), (False, True), (False, False), (True, True))
 _FIRST, _LAST, _MIDDLE, _ALONE = range(4)
+# The columns of the allocatable-bytes table: without and with the memory model's margin.
+_NO_MARGIN, _MARGIN = 0, 1
 # Families screened per numpy pass (bounds the temporaries: families x ZeRO x groups x kinds x points).
 _CHUNK = 2048
 
@@ -148,8 +150,12 @@ class FamilyScreen:
         return ([in_flight_microbatches(s, i) for i in points] + [1.0] * (_POINTS - len(points)),)
 
     def _alloc_row(self, ts: Strategy, pp: int, dp: int) -> tuple:
+        """The bytes each group's GPUs can allocate, without and with the memory model's margin
+        (columns _NO_MARGIN, _MARGIN: a search safe by default screens with it, and its search
+        for TIGHT plans without it, over the same families)."""
         s = ts.with_(pp=pp, dp=dp)
-        return ([usable_bytes(self.model, s, g.gpu, self.with_margin) for g in self.cluster.node_groups],)
+        return tuple([usable_bytes(self.model, s, g.gpu, margin) for g in self.cluster.node_groups]
+                     for margin in (False, True))
 
     def _names_row(self, names: tuple) -> tuple:
         return ([g in names for g in self.groups],)
@@ -178,22 +184,29 @@ class FamilyScreen:
         ones with it), nan for the others unless every_peak (see `peaks`)."""
         rows, self._pending = self._pending, []
         self._ran = rows
-        return self._run(rows, every_peak)
+        return self._run(rows, every_peak, self.with_margin)
 
-    def peaks(self, index) -> np.ndarray:
+    def run_again(self, with_margin: bool) -> tuple[np.ndarray, np.ndarray]:
+        """run's answer for the families of the last run with or without the memory model's
+        margin (the search for TIGHT plans screens the families of the search safe by default
+        without it): what a screen made with that with_margin would give."""
+        return self._run(self._ran, False, with_margin)
+
+    def peaks(self, index, with_margin: bool | None = None) -> np.ndarray:
         """The peak-bytes lower bounds of the families at `index` of the last run (the search
         asks for those of families that cannot fit only when no plan fits)."""
-        return self._run([self._ran[i] for i in index], True)[1]
+        margin = self.with_margin if with_margin is None else with_margin
+        return self._run([self._ran[i] for i in index], True, margin)[1]
 
-    def _run(self, rows: list, every_peak: bool) -> tuple[np.ndarray, np.ndarray]:
+    def _run(self, rows: list, every_peak: bool, with_margin: bool) -> tuple[np.ndarray, np.ndarray]:
         fit, peak = np.zeros(len(rows), bool), np.full(len(rows), np.nan)
         for lo in range(0, len(rows), _CHUNK):
             part = list(zip(*rows[lo:lo + _CHUNK]))
             fit[lo:lo + _CHUNK], peak[lo:lo + _CHUNK] = self._screen(*(np.array(c) for c in part),
-                                                                     every_peak=every_peak)
+                                                                     every_peak=every_peak, with_margin=with_margin)
         return fit, peak
 
-    def _screen(self, si, ai, li, pi, fi, ni, slack, every_peak: bool):
+    def _screen(self, si, ai, li, pi, fi, ni, slack, every_peak: bool, with_margin: bool):
         """The screen over F families (si: F x Z state rows; the others F row indices)."""
         L = self.model.num_layers
         st_fixed, st_layer = self._state.array(0), self._state.array(1)          # (S, 4), (S, G, K)
@@ -202,7 +215,7 @@ class FamilyScreen:
         flight = self._flight.array(0)[fi]                                       # (F, P)
         groups = self._names.array(0)[ni]                                        # (F, G)
         # a group the family does not use has no room (-inf bytes to allocate)
-        alloc = np.where(groups, self._alloc.array(0)[li], -np.inf)              # (F, G)
+        alloc = np.where(groups, self._alloc.array(_MARGIN if with_margin else _NO_MARGIN)[li], -np.inf)  # (F, G)
         # a rank's fixed bytes at each point: (F, Z, P)
         fixed = (st_fixed[si[:, :, None], shape[:, None, :]]
                  + (a_fixed[ai[:, None], shape] + (a_per[ai[:, None], shape] + block_kept[ai][:, None]) * flight)[:, None, :])
