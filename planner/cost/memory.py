@@ -4,7 +4,7 @@ bytes(state, group) = full_bytes(state, group on this stage) x placement.shard_f
 
 Bytes per parameter come from the launch's dtypes (bytes_per_param): 16-bit weights 2, fp32
 main gradients 4 (Megatron's default with --bf16: gradients accumulate and reduce in fp32 unless
---grad-reduce-in-bf16), fp32 master weights + Adam moments 12, i.e. 18 per parameter, 6 + 12/d
+--grad-reduce-in-bf16; Megatron-FSDP, ZeRO-2/3 here, keeps them in the model's dtype: 2), fp32 master weights + Adam moments 12, i.e. 18 per parameter, 6 + 12/d
 with the distributed optimizer over d = DP x CP ranks (docs/user-guide/features/
 dist_optimizer.md). DeepSpeed's convention is 2 + 2 + 12 (Rajbhandari et al. 2019, sec. 3.1).
 
@@ -35,6 +35,19 @@ DDP_BUCKET_PARAMS_PER_DP_RANK = 1_000_000
 STATES_AT_REST = ("parameters", "gradients", "optimizer")   # the states counted per parameter
 # ZeRO-3 / FSDP keep the current and the prefetched layer gathered (2 layers of full weights).
 ZERO3_GATHERED_LAYERS = 2
+# Megatron-FSDP (what ZeRO stage 2 / 3 launches: --use-megatron-fsdp --data-parallel-sharding-strategy
+# optim_grads / optim_grads_params) accumulates its main gradients and reduce-scatters them in
+# --megatron-fsdp-main-grads-dtype / --megatron-fsdp-grad-comm-dtype, both 'auto' by default, i.e. the
+# model's compute dtype, bf16 for fp8 / fp4 parameters: 2 bytes. NVIDIA/Megatron-LM d98e8a64:
+# megatron/training/arguments.py:3691-3698 (defaults 'auto' -> None, :1092-1093),
+# megatron/core/distributed/fsdp/mcore_fsdp_adapter.py:139-143 (MixedPrecisionPolicy from those two
+# only), fsdp/src/megatron_fsdp/mixed_precision.py:389-406 (None: the model's gradient dtype; comm
+# None: the main-grads dtype), param_and_grad_buffer.py:2313-2320 (_resolve_group_grad_dtype).
+# --grad-reduce-in-bf16 / --accumulate-allreduce-grads-in-fp32 / --main-grads-dtype no longer reach
+# it: the adapter's fp32 override from grad_reduce_in_fp32 went in adfe9e11d9 (2026-07-02; before,
+# e.g. the custom FSDP of 1e057005, 2025-05, reduced in fp32 under --bf16). An explicit
+# --megatron-fsdp-*-dtype is reported as not priced (flags_megatron.json: unmodelled).
+MEGATRON_FSDP_GRAD_BYTES = 2
 # cuBLAS workspaces: PyTorch allocates 32 MiB per (handle, stream) on sm90+ (aten/src/ATen/cuda/
 # CublasHandlePool.cpp), Transformer Engine 32 MiB + 1 KiB per compute stream on sm90+ (4 MiB
 # before), x3 streams for --tp-comm-overlap userbuffers and x4 for grouped GEMMs
@@ -85,6 +98,8 @@ def bytes_per_param(s: Strategy) -> dict:
       in the parameter buffer, act.NVFP4_BYTES_PER_ELEMENT (megatron/core/fp4_utils.py
       get_nvfp4_rowwise_packed_shape: last dim // 2);
     - gradients: the grad buffer, fp32 (4) unless --grad-reduce-in-bf16 or main_grads_dtype bf16;
+      under Megatron-FSDP (ZeRO-2/3) the model's dtype, MEGATRON_FSDP_GRAD_BYTES (2), both its
+      sharded buffer and what it reduce-scatters;
     - optimizer: master weights + exp_avg + exp_avg_sq. Default fp32 (4 + 4 + 4). With
       --use-precision-aware-optimizer each takes its dtype, and when TE's FusedAdam holds the
       master weights of bf16 parameters (main_params_dtype not fp32, or no fp8 / delayed fp8, or
@@ -96,6 +111,8 @@ def bytes_per_param(s: Strategy) -> dict:
     if s.precision == "nvfp4" and s.fp4_param_gather:
         params = act.NVFP4_BYTES_PER_ELEMENT
     grads = 2 if (s.grad_reduce_in_bf16 or s.main_grads_dtype == "bf16") else 4
+    if s.zero_stage >= 2:
+        grads = MEGATRON_FSDP_GRAD_BYTES
     if s.use_precision_aware_optimizer:
         master = DTYPE_BYTES[s.main_params_dtype]
         te_holds_master = (s.main_params_dtype != "fp32" or s.precision != "fp8" or s.fp8_recipe == "delayed"
@@ -106,6 +123,21 @@ def bytes_per_param(s: Strategy) -> dict:
     else:
         opt = 12
     return {"parameters": params, "gradients": grads, "optimizer": opt}
+
+
+def optimizer_gradient_bytes(s: Strategy) -> int:
+    """Bytes per parameter of the gradient shard the optimizer step reads. Megatron-FSDP without
+    --use-precision-aware-optimizer hands the optimizer its gradient cast to the main weights'
+    dtype (fp32): `optimizer_grad.to(param.dtype)` in update_main_grads (Megatron-LM d98e8a64,
+    megatron/core/distributed/fsdp/src/megatron_fsdp/param_and_grad_buffer.py:3377-3381; the
+    precision-aware path installs the buffer's own dtype as decoupled_grad, :3404-3407, with
+    megatron_fsdp_use_decoupled_grad = --use-precision-aware-optimizer, training.py:2649-2650).
+    The cast copy is freed at zero_grad (:3206-3214), so it is not part of the memory at rest;
+    the cast's own pass over the shard (2 bytes read, 4 written) is not priced. Otherwise the
+    grad buffer's dtype."""
+    if s.zero_stage >= 2 and s.optimizer_convention != "deepspeed" and not s.use_precision_aware_optimizer:
+        return DTYPE_BYTES["fp32"]
+    return bytes_per_param(s)["gradients"]
 
 
 def gradient_comm_bytes(s: Strategy) -> int:

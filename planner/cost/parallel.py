@@ -429,7 +429,22 @@ def dp_cost(model: ModelSpec, s: Strategy, placement: Placement, groups: list[No
     """Data-parallel (and expert-data-parallel) collectives from the placement table: per step
     (gradient reduce, parameter gather) or per micro-batch (ZeRO-3 gathers and reduces). With
     overlap, per-step traffic hides under the last micro-batch's backward (gradients) and the
-    first one's forward (parameters), except the last bucket (one layer's worth)."""
+    first one's forward (parameters), except the last bucket (one layer's worth).
+
+    ZeRO-2/3 is Megatron-FSDP (NVIDIA/Megatron-LM d98e8a64, megatron/core/distributed/fsdp/):
+    - groups: dense parameters shard over DP x CP, expert parameters over the expert-data-
+      parallel group, EDP = world / (ETP x EP x PP) ranks ETP x EP apart (mcore_fsdp_adapter.py:
+      366-371; parallel_state.py:887-895, expert order tp-ep-dp-pp), each group its own collective
+      (param_and_grad_buffer.py:2590-2626, buffers per (FSDP unit, expert?) group);
+    - ZeRO-3 all-gathers a layer (the FSDP unit) before its forward and again before its
+      backward, once for a full recompute and the backward together, every micro-batch
+      (src/megatron_fsdp/megatron_fsdp.py:128-130, :794-811, :918-929; released after the
+      forward, :977-1000), prefetching the next unit on a side stream, so within a pass the
+      gathers hide under compute except the first unit's;
+    - ZeRO-2/3 reduce-scatter the gradients after every backward, not only the last
+      micro-batch's (megatron_fsdp.py:761-779 grad_reduce_every_bprop), into the sharded buffer;
+    - bytes: parameters in the model's dtype (param_gather_bytes), gradients in Megatron-FSDP's
+      main-grads dtype, the model's dtype by default (memory.MEGATRON_FSDP_GRAD_BYTES)."""
     m = w.microbatches
     n_layers = max(w.layers, 1)
     step = {"grad": 0.0, "param": 0.0}
