@@ -31,8 +31,14 @@ import bridge as B  # noqa: E402
 from planner.estimate import estimate, layer_time_of  # noqa: E402
 from planner.units import parse_time  # noqa: E402
 
+# A grid point replaces the profile's values only when its MAPE is lower by more than this many
+# percentage points: the published rows carry about 1% of run-to-run and rounding noise
+# (Megatron-Bridge tables print three significant figures), so a smaller gain in a flat valley
+# is not evidence, and changing the constants for it would move every row fitted before.
+KEEP_WITHIN_PCT = 0.1
 DEFAULT_GRIDS = {
-    "dense": {"matmul_fp8": [0.45, 0.5, 0.55, 0.6], "flash_attention": [0.45, 0.5, 0.55, 0.6, 0.65]},
+    "dense": {"matmul_fp8": [0.45, 0.475, 0.5, 0.525, 0.55, 0.575, 0.6, 0.625],
+              "flash_attention": [0.4, 0.45, 0.5, 0.55, 0.6, 0.65, 0.7]},
     "moe": {"host_launch_overhead_s": [10e-6, 15e-6, 20e-6, 25e-6, 30e-6]},
 }
 
@@ -68,9 +74,8 @@ def main(argv=None) -> None:
             grid[k] = [parse_time(v) if k.endswith("_s") and v[-1].isalpha() else float(v) for v in vs.split(",")]
     rows = _rows(a.gpu, a.rows)
     print(f"{len(rows)} rows: " + ", ".join(r[0] for r in rows))
-    best = None
-    for vals in itertools.product(*grid.values()):
-        kw = dict(zip(grid, vals))
+
+    def score(kw: dict) -> float:
         errs = []
         for _, launch, cluster, measured in rows:
             g = cluster.node_groups[0]
@@ -80,10 +85,21 @@ def main(argv=None) -> None:
             e = estimate(launch.model, c, launch.strategy)
             errs.append(100 * (e.step_time_s - measured) / measured)
         mape = sum(map(abs, errs)) / len(errs)
-        print(kw, f"MAPE {mape:.1f}%", " ".join(f"{x:+.1f}" for x in errs), flush=True)
-        if best is None or mape < best[0]:
+        print(kw, f"MAPE {mape:.2f}%", " ".join(f"{x:+.1f}" for x in errs), flush=True)
+        return mape
+
+    # the profiles' values as they stand (one GPU's rows: its profile; all: the first row's)
+    profile = rows[0][2].node_groups[0].gpu.efficiency
+    current = {k: getattr(profile, k) for k in grid}
+    best = (score(current), current)
+    print(f"as profiled: {current} (MAPE {best[0]:.2f}%)")
+    for vals in itertools.product(*grid.values()):
+        kw = dict(zip(grid, vals))
+        mape = score(kw)
+        if mape < best[0] - KEEP_WITHIN_PCT:
             best = (mape, kw)
-    print(f"best: {best[1]} (MAPE {best[0]:.1f}%)")
+    print(f"best: {best[1]} (MAPE {best[0]:.2f}%; the profiled values are kept unless a grid point is "
+          f"better by more than {KEEP_WITHIN_PCT} percentage points)")
 
 
 if __name__ == "__main__":

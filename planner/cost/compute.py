@@ -478,12 +478,13 @@ def layer_time(model: ModelSpec, s: Strategy, gpu: GPUProfile, moe: bool) -> Lay
     # backward: each GEMM's dgrad and wgrad take its forward time (under fp8 the output
     # gradients are quantized too); elementwise ops about twice their forward
     grad_quant = 0.0
-    if fp4:
-        # NVFP4 quantizes every quantized linear's output gradient (Hadamard transform and
-        # stochastic rounding, NVFP4BlockScaling fp4_quant_bwd_grad) for its dgrad and wgrad
+    if fp4 or fp8:
+        # every quantized TE linear quantizes its output gradient for its dgrad and wgrad GEMMs
+        # (TransformerEngine module/base.py grad_output_preprocess, with the recipe's grad-output
+        # quantizer; under NVFP4 with the Hadamard transform and stochastic rounding,
+        # NVFP4BlockScaling fp4_quant_bwd_grad): Megatron's linears are separate TE modules (the
+        # activation between fc1 and fc2 is Megatron's), so no grad-output cast is fused away
         grad_quant = stream_time(gpu, P.quantized_outputs * cast_bytes, cast_kernels * P.quantized_linears)
-    elif fp8:
-        grad_quant = sum(stream_time(gpu, M * h * cast_bytes, cast_kernels) for _ in range(2))
     b_input = gemm_fwd + core_bwd + 2 * elementwise + grad_quant
     b_weight = gemm_fwd
     if s.recompute == "full":
