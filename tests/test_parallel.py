@@ -2,9 +2,10 @@
 message sizes and counts and hand arithmetic. The FSDP / ZeRO-3 terms of dp_cost are left to
 their own tests.
 
-Link figures used below, from the bundled files: dgx-h100-x8 is 8 nodes of 8 H100 with NVLink
-at 450 GB/s per GPU and 8 x 400 Gb/s NICs per node; the H100 profile's efficiencies are 0.8 on
-the scale-up fabric and 0.92 on the network, its latencies 3 us (NVLink) and 5 us (NIC)."""
+Link figures used below, from the bundled files: dgx-h100-x8 (examples/clusters) is 8 nodes of
+8 H100 with 8 x 400 Gb/s NICs per node and the default 5 us NIC latency; the H100 profile
+(hardware_profiles/h100-sxm-80g.yaml) has NVLink at 450 GB/s per GPU per direction, 3 us, and
+NCCL efficiencies of 0.8 on the scale-up fabric and 0.92 on the network."""
 
 import dataclasses
 from types import SimpleNamespace
@@ -16,7 +17,7 @@ from planner.library import load_cluster_ref, load_model_ref
 from planner.placement import placement_of
 from planner.strategy import Strategy
 
-# dgx-h100-x8 (clusters/dgx-h100-x8.yaml, profile h100-80g)
+# dgx-h100-x8 (examples/clusters/dgx-h100-x8.yaml) with hardware_profiles/h100-sxm-80g.yaml
 NVLINK_BYTES_PER_S = 450e9 * 0.8            # 360 GB/s: NVLink 4 x scale-up efficiency
 NVLINK_LATENCY_S = 3e-6
 NIC_BYTES_PER_S_PER_GPU = 8 * 50e9 * 0.92 / 8   # 46 GB/s: a node's 8 x 400 Gb/s NICs shared by its 8 GPUs
@@ -179,7 +180,8 @@ def test_remote_nodes_under_node_limited_routing(nodes, expected):
 def _a2a_one_node_s(msg, n):
     """All-to-all of `msg` bytes per rank among n ranks of one node: (n-1)/n over NVLink at
     NCCL's all-to-all share, 2 latencies and 0.82 us per peer."""
-    return (n - 1) / n * msg / (NVLINK_BYTES_PER_S * A2A_SHARE) + 2 * NVLINK_LATENCY_S + (n - 1) * A2A_LATENCY_PER_PEER_S
+    return ((n - 1) / n * msg / (NVLINK_BYTES_PER_S * A2A_SHARE) + 2 * NVLINK_LATENCY_S
+            + (n - 1) * A2A_LATENCY_PER_PEER_S)
 
 
 def test_alltoall_dispatcher_sends_every_token_copy_and_its_probability():
