@@ -127,6 +127,49 @@ def test_tp_exposed_forward_and_backward_and_what_the_column_gemms_do_not_hide()
     assert P.tp_layer_exposed_s(SP_PHASES, lt, False, True) == pytest.approx(9e-3)
 
 
+def _overlap_phases(ag_s, rs_s):
+    return {"forward": [("all-gather", 2, ag_s), ("reduce-scatter", 2, rs_s)],
+            "backward": [("all-gather", 2, ag_s)], "under-wgrad": [("reduce-scatter", 2, rs_s)],
+            "under-dgrad": [("all-gather", 2, ag_s)]}
+
+
+def _overlap_lt(gemm_s, chunked_s, tp=2):
+    """QKV, out-proj, fc1, fc2 (column, row, column, row), each `gemm_s` whole and `chunked_s`
+    when split in tp chunks."""
+    return SimpleNamespace(column_parallel_gemm_forward=2 * gemm_s, tp_degree=tp,
+                           tp_overlap_gemms=((gemm_s, chunked_s),) * 4)
+
+
+def test_tp_comm_overlap_when_the_ring_is_slower_than_the_gemm():
+    """--tp-comm-overlap, TP 2, 1 ms GEMMs (0.5 ms a chunk), 2 ms collectives (TE userbuffers):
+    one 2 ms ring step and the one chunk GEMM that cannot overlap it: 2.5 ms, 1.5 ms beyond the
+    GEMM, for each of the 4 forward GEMMs and the 2 row-parallel dgrads; the column-parallel re-gather and
+    reduce-scatter exceed their 1 ms dgrad / wgrad by 1 ms each (2 x 2 ms).
+    6 + 3 + 4 = 13 ms; recomputed, the forward twice: 19 ms."""
+    lt = _overlap_lt(1e-3, 1e-3)
+    phases = _overlap_phases(2e-3, 2e-3)
+    assert P.tp_layer_exposed_s(phases, lt, False, True) == pytest.approx(13e-3)
+    assert P.tp_layer_exposed_s(phases, lt, True, True) == pytest.approx(19e-3)
+
+
+@pytest.mark.xfail(strict=True, reason="_ring_pair_s charges max(tp x chunk, (tp - 1) x step) + "
+                   "min(chunk, step) for a ring-exchange all-gather + GEMM; TE's "
+                   "CommOverlapP2PBase::split_overlap_ag (comm_gemm_overlap.cpp, the default method of "
+                   "qkv_fprop, fc1_fprop, proj_dgrad, fc2_dgrad in module/base.py initialize_ub) runs the "
+                   "first GEMM on the local chunk during the first exchange and each later GEMM once its "
+                   "chunk arrived: max(tp x chunk, chunk + (tp - 1) x step), so a compute-bound pair "
+                   "exposes only the chunking loss, not one more step")
+def test_tp_comm_overlap_compute_bound_all_gather_ring_exposes_only_the_chunking_loss():
+    """TP 2, 1 ms GEMMs that take 1.2 ms in two 0.6 ms chunks, 0.4 ms all-gathers (a free
+    reduce-scatter, to look at the all-gathers alone). All-gather + GEMM: the local chunk's
+    0.6 ms covers the 0.4 ms exchange, then the received chunk: 1.2 ms, 0.2 ms beyond the GEMM
+    (QKV and fc1 forward, out-proj and fc2 dgrad); the out-proj and fc2 forward GEMMs lose their
+    0.2 ms to chunking too; the bulk re-gather (0.4 ms) hides under its 1 ms dgrad.
+    6 x 0.2 = 1.2 ms."""
+    assert P.tp_layer_exposed_s(_overlap_phases(0.4e-3, 0.0), _overlap_lt(1e-3, 1.2e-3), False, True) == \
+        pytest.approx(6 * 0.2e-3)
+
+
 # ---- CP ---------------------------------------------------------------------------------------
 
 def test_cp_ring_step_sends_the_local_k_and_v_blocks():
