@@ -143,8 +143,8 @@ def _overlap_lt(gemm_s, chunked_s, tp=2):
 def test_tp_comm_overlap_when_the_ring_is_slower_than_the_gemm():
     """--tp-comm-overlap, TP 2, 1 ms GEMMs (0.5 ms a chunk), 2 ms collectives (TE userbuffers):
     one 2 ms ring step and the one chunk GEMM that cannot overlap it: 2.5 ms, 1.5 ms beyond the
-    GEMM, for each of the 4 forward GEMMs and the 2 row-parallel dgrads; the column-parallel re-gather and
-    reduce-scatter exceed their 1 ms dgrad / wgrad by 1 ms each (2 x 2 ms).
+    GEMM, for each of the 4 forward GEMMs and the 2 row-parallel dgrads; the column-parallel
+    re-gather and reduce-scatter exceed their 1 ms dgrad / wgrad by 1 ms each (2 x 2 ms).
     6 + 3 + 4 = 13 ms; recomputed, the forward twice: 19 ms."""
     lt = _overlap_lt(1e-3, 1e-3)
     phases = _overlap_phases(2e-3, 2e-3)
