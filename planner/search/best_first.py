@@ -191,11 +191,13 @@ def search(model: ModelSpec, cluster: ClusterSpec, o: SearchOptions, progress=No
     helper = None
     try:
         first = _BestFirst(model, cluster, o, progress)
-        first.queue_families()
         if o.jobs >= 2:
-            left = o.time_limit_s - (time.perf_counter() - first.t0)
-            helper = first.helper = _Helper.start(model, cluster, o, first,
-                                                  None if o.allow_tight else _tight_options(o, 1, left))
+            # the helper enumerates and screens the families itself, at the same time as this
+            # process (sharing them, it would start only once they are queued: measured slower
+            # side by side, the second core idle meanwhile)
+            helper = first.helper = _Helper.start(model, cluster, o, None,
+                                                  None if o.allow_tight else _tight_options(o, 1, o.time_limit_s))
+        first.queue_families()
         res = first.take_best_first()
         return res if o.allow_tight else _with_tight_plans(model, cluster, o, res, first, helper)
     finally:
@@ -316,8 +318,9 @@ class _Helper:
     @classmethod
     def start(cls, model: ModelSpec, cluster: ClusterSpec, o: SearchOptions, first: "_BestFirst",
               tight_o) -> "_Helper | None":
-        """The helper, started once `first` has queued its families: a forked helper reads
-        them from its copy of the memory; a spawned one (no fork) enumerates its own."""
+        """The helper; its search for TIGHT plans shares the families `first` has queued (a
+        forked helper reads them from its copy of the memory), or with first None (or no
+        fork) enumerates its own."""
         try:
             method = _start_method()
             ctx = multiprocessing.get_context(method)
