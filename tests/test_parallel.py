@@ -152,13 +152,6 @@ def test_tp_comm_overlap_when_the_ring_is_slower_than_the_gemm():
     assert P.tp_layer_exposed_s(phases, lt, True, True) == pytest.approx(19e-3)
 
 
-@pytest.mark.xfail(strict=True, reason="_ring_pair_s charges max(tp x chunk, (tp - 1) x step) + "
-                   "min(chunk, step) for a ring-exchange all-gather + GEMM; TE's "
-                   "CommOverlapP2PBase::split_overlap_ag (comm_gemm_overlap.cpp, the default method of "
-                   "qkv_fprop, fc1_fprop, proj_dgrad, fc2_dgrad in module/base.py initialize_ub) runs the "
-                   "first GEMM on the local chunk during the first exchange and each later GEMM once its "
-                   "chunk arrived: max(tp x chunk, chunk + (tp - 1) x step), so a compute-bound pair "
-                   "exposes only the chunking loss, not one more step")
 def test_tp_comm_overlap_compute_bound_all_gather_ring_exposes_only_the_chunking_loss():
     """TP 2, 1 ms GEMMs that take 1.2 ms in two 0.6 ms chunks, 0.4 ms all-gathers (a free
     reduce-scatter, to look at the all-gathers alone). All-gather + GEMM: the local chunk's
@@ -236,16 +229,13 @@ def test_alltoall_dispatcher_sends_every_token_copy_and_its_probability():
     phases, link = P.ep_layer_collectives(MIXTRAL, s, [H100], DGX)
     msg = 8192 * (2 * 4096 + 2)
     assert msg == 67_125_248
-    t1 = _a2a_one_node_s(msg, 8)
+    hidden = 8192 * 2 * 4096       # the combine: expert outputs alone
     for phase in ("forward", "backward"):
-        assert [(k, c, b) for k, c, _, b in phases[phase]] == [("all-to-all", 2, msg)]
-        assert phases[phase][0][2] == pytest.approx(t1, rel=1e-9)
+        assert [(k, c, b) for k, c, _, b in phases[phase]] == [("all-to-all", 1, msg), ("all-to-all", 1, hidden)]
+        assert phases[phase][0][2] == pytest.approx(_a2a_one_node_s(msg, 8), rel=1e-9)
+        assert phases[phase][1][2] == pytest.approx(_a2a_one_node_s(hidden, 8), rel=1e-9)
 
 
-@pytest.mark.xfail(strict=True, reason="combine sends only the expert outputs: Megatron's "
-                   "MoEAlltoAllTokenDispatcher.token_combine all-to-alls hidden_states alone (the "
-                   "probabilities go out with dispatch and are applied before combine); "
-                   "ep_layer_collectives charges the dispatch message, probabilities included, twice")
 def test_alltoall_combine_carries_no_router_probabilities():
     """fp32 router (--moe-router-dtype fp32): dispatch 8192 x (8192 + 4) bytes, combine
     8192 x 8192 bytes."""
@@ -266,8 +256,9 @@ def test_expert_tp_gathers_the_received_tokens():
     gathered = _ring_ag_s(recv, 2, NVLINK_BYTES_PER_S, NVLINK_LATENCY_S)
     for phase in ("forward", "backward"):
         rows = [(k, c, b) for k, c, _, b in phases[phase]]
-        assert rows == [("all-to-all", 2, 4096 * (2 * 4096 + 2)), ("all-gather", 1, recv), ("reduce-scatter", 1, recv)]
-        assert phases[phase][1][2] == pytest.approx(gathered, rel=1e-9)
+        assert rows == [("all-to-all", 1, 4096 * (2 * 4096 + 2)), ("all-to-all", 1, 4096 * 2 * 4096),
+                        ("all-gather", 1, recv), ("reduce-scatter", 1, recv)]
+        assert phases[phase][2][2] == pytest.approx(gathered, rel=1e-9)
 
 
 # ---- PP ---------------------------------------------------------------------------------------

@@ -122,10 +122,12 @@ def tp_layer_exposed_s(phases: dict, lt, recomputed: bool, tp_comm_overlap: bool
 
 def _ring_pair_s(gemm_s: float, chunked_s: float, comm_s: float, tp: int) -> float:
     """A GEMM and its collective pipelined over tp chunks (Transformer Engine userbuffers' ring
-    exchange): tp - 1 steps each move 1/tp of the tensor while a chunk is computed; the first
-    chunk is local, the last step's GEMM cannot overlap. Seconds beyond the GEMM's own time."""
+    exchange, CommOverlapP2PBase::split_overlap_ag in comm_gemm_overlap.cpp): the first chunk
+    is local and computed during the first of tp - 1 steps that each move 1/tp of the tensor,
+    each later chunk once it arrived: max(tp chunks, one chunk + tp - 1 steps). Seconds beyond
+    the GEMM's own time (the chunking loss when compute-bound)."""
     g_c, c_step = chunked_s / tp, comm_s / max(tp - 1, 1)
-    return max(tp * g_c, (tp - 1) * c_step) + min(g_c, c_step) - gemm_s
+    return max(tp * g_c, g_c + (tp - 1) * c_step) - gemm_s
 
 
 def tp_overlap_exposed_s(phases: dict, lt, recomputed: bool) -> float:
@@ -245,7 +247,8 @@ def ep_layer_collectives(model: ModelSpec, s: Strategy, groups: list[NodeGroup],
     layer; each is routed to k experts.
     - alltoall dispatcher: an all-to-all of n*k token copies (h bf16 each, + their router
       probabilities) to the experts' ranks, one copy per (token, expert), no de-duplication;
-      combine sends the same back; backward runs the two transposed (same volumes again).
+      combine sends the expert outputs back (no probabilities); backward runs the two
+      transposed (same volumes again).
     - flex dispatcher (DeepEP): a token crosses to each other node once, then fans out over
       NVLink (DeepEP README, "asymmetric-domain bandwidth forwarding"); node-limited routing
       bounds the nodes it reaches; the forward dispatch goes in fp8 under fp8 training.
@@ -279,10 +282,15 @@ def ep_layer_collectives(model: ModelSpec, s: Strategy, groups: list[NodeGroup],
                 on = copies * h * el * on_frac
                 out.append(("all-to-all", 1, hierarchical_all_to_all_time(on, off, link), off + on))
     else:
-        msg = copies * (h * BYTES_16BIT + r_dt)
-        t1 = collective_time("all-to-all", msg, s.ep, link)
-        fwd.append(("all-to-all", 2, t1, msg))   # dispatch + combine
-        bwd.append(("all-to-all", 2, t1, msg))
+        # dispatch sends each token copy with its router probability (a second all-to-all of
+        # permuted_probs, folded in here), combine the expert outputs alone
+        # (MoEAlltoAllTokenDispatcher.token_dispatch / token_combine); backward the transposes:
+        # the combine's carries the outputs' gradients, the dispatch's the inputs' and the
+        # probabilities' gradients
+        with_probs, hidden = copies * (h * BYTES_16BIT + r_dt), copies * h * BYTES_16BIT
+        for out in (fwd, bwd):
+            for msg in (with_probs, hidden):
+                out.append(("all-to-all", 1, collective_time("all-to-all", msg, s.ep, link), msg))
     if s.expert_tp > 1:
         recv = BYTES_16BIT * copies * s.expert_tp * h
         elink = group_link(groups, s.expert_tp, 1, cluster)
