@@ -392,6 +392,32 @@ def _layer_mode(s: Strategy, full_set, i: int) -> str:
     return "selective" if s.recompute == "selective" else "none"
 
 
+def cpu_offloaded_activation_bytes(model: ModelSpec, s: Strategy, start: int, end: int, full_set=()) -> float:
+    """Bytes of kept activations per micro-batch that --cpu-offloading-num-layers N takes off the
+    GPU at the stage's peak: all of the first N layers' (of [start, end)).
+
+    Megatron (NVIDIA/Megatron-LM d98e8a64): N > 0 turns --cpu-offloading on
+    (megatron/training/arguments.py:1950-1951) with activations offloaded, weights not, no double
+    buffering (megatron/core/model_parallel_config.py:471-477); the block wraps each layer in TE's
+    get_cpu_offload_context(enabled, N, num_layers, ...) and commits after it
+    (megatron/core/transformer/transformer_block.py:304-313, 739-742); N < num_layers, no pipeline
+    parallelism, no recompute (transformer_config.py:1884-1896).
+    Transformer Engine (NVIDIA/TransformerEngine d0067d0, transformer_engine/pytorch/cpu_offload.py
+    DefaultOffloadSynchronizer._init_offload_synchronization_dicts, :602-626): layers 0..N-1 are
+    offloaded; layer i's GPU copies are released before the forward of layer L - N + i and
+    reloaded before the backward of layer L - 1 - N + i, so at most L - N layers' activations
+    are on the GPU at once (its docstring: peak (num_layers - num_offloaded_layers) x T). Every
+    saved tensor of an offloaded layer goes, except those under 256 Ki elements (:454-470: a
+    norm's per-token statistics when s*b < 256 Ki, a few KiB per layer; neglected).
+    TE before 2.10 (cpu_offload_v1.py, NVTE_CPU_OFFLOAD_V1=1 at d0067d0; what Megatron-Bridge
+    25.11 ran, TE release_v2.9) frees the last offloaded layer only at the last layer's commit
+    and reloads it before the last layer's backward (layer_window_map, cpu_offload_v1.py:358):
+    L - N + 1 layers at those two moments, L - N while the output layer and loss run."""
+    n = min(s.cpu_offloading_num_layers, end - start)
+    return sum(act.layer_bytes(model, s, model.is_moe_layer(i), _layer_mode(s, full_set, i))
+               for i in range(start, start + n))
+
+
 def stage_activation_bytes(model: ModelSpec, s: Strategy, stage: int) -> tuple[float, float]:
     """(kept activations, transient working set) in bytes for pipeline rank `stage`."""
     start, end = s.stage_layer_ranges(model)[stage]
@@ -427,10 +453,7 @@ def stage_activation_bytes(model: ModelSpec, s: Strategy, stage: int) -> tuple[f
             per_mb += act.embedding_bytes(model, s)
         kept = per_mb * in_flight_microbatches(s, stage)
     if offloaded:
-        # --cpu-offloading: the kept activations of that many layers go to host memory, one
-        # layer's worth staying resident while it is copied (megatron/core/cpu_offload.py)
-        per_layer = kept / max(end - start, 1)
-        kept -= max(0, offloaded - 1) * per_layer
+        kept -= cpu_offloaded_activation_bytes(model, s, start, end, full_set) * in_flight_microbatches(s, stage)
     transient = worst_layer  # one layer rebuilt at a time during backward
     if stage == s.pp - 1:
         transient += act.output_layer_bytes(model, s) * (1 + model.mtp_num_layers)
