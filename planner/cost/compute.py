@@ -363,26 +363,94 @@ def cuda_graph_parts(s: Strategy, moe: bool) -> set | None:
     return parts
 
 
+@dataclass(frozen=True)
+class _Shapes:
+    """One layer's shapes on one rank for one micro-batch (layer_time's blocks share them)."""
+    t: int              # TP degree
+    M: float            # tokens through TP-sharded GEMMs on this rank (s/cp x b)
+    M_sp: float         # tokens through norms and dropout (SP splits them over TP)
+    s_q: float          # queries per sequence on this rank (s / cp)
+    h: int
+    a_loc: float        # attention heads on this rank
+    g_loc: float        # query groups on this rank
+    dqk: int
+    dv: int
+    fp8: bool           # the TE linears quantize their inputs (fp8 or NVFP4)
+    fp4: bool
+    norm_bytes: float   # a norm: read its input, write its output
+    res_bytes: float    # bias-dropout-add
+
+
 def layer_time(model: ModelSpec, s: Strategy, gpu: GPUProfile, moe: bool) -> LayerTime:
+    """Seconds of one transformer layer (dense, or MoE with `moe`) for one micro-batch on one
+    GPU: its forward by part, input- and weight-gradient backward, recompute, the host time to
+    issue it, the MoE units the schedule places (cost/moe_schedule.py) and the GEMMs TP comm
+    overlap pairs with its collectives."""
     s = attention_on_gpu(s, gpu)
     dt = gemm_dtype(s, gpu)
-    fp8 = dt in ("fp8", "fp4")           # the TE linears quantize their inputs (fp8 or NVFP4)
-    fp4 = dt == "fp4"
     cast_bytes, cast_kernels = quantization_pass(s, dt)
-    t = s.tp
-    b = s.micro_batch_size
+    t, b = s.tp, s.micro_batch_size
     s_q = s.seq_length / s.cp
-    M = s_q * b                          # tokens through TP-sharded GEMMs on this rank
-    M_sp = M / t if s.sp else M          # tokens through norms/dropout (SP splits them)
-    h, a = model.hidden_size, model.num_attention_heads
+    M = s_q * b
+    M_sp = M / t if s.sp else M
+    h = model.hidden_size
     dqk, dv = attention_head_dims(model)
-    a_loc = a / t
-    g_loc = max(model.num_query_groups / t, 1.0)
-    P = _Parts(gpu, dt, fp8, cast_bytes, cast_kernels, high_precision_dtype(s, gpu))
-    norm_bytes = 2 * BYTES_16BIT * M_sp * h                       # read input, write output
-    # --- attention block: input norm (fused into the QKV linear by TE, still one pass)
-    P.stream("norm_attn", norm_bytes, 1, HOST_KERNELS["norm"])
-    if fp4:
+    x = _Shapes(t=t, M=M, M_sp=M_sp, s_q=s_q, h=h, a_loc=model.num_attention_heads / t,
+                g_loc=max(model.num_query_groups / t, 1.0), dqk=dqk, dv=dv, fp8=dt in ("fp8", "fp4"),
+                fp4=dt == "fp4", norm_bytes=2 * BYTES_16BIT * M_sp * h,
+                res_bytes=(3 * BYTES_16BIT + (1 if model.hidden_dropout > 0 else 0)) * M_sp * h)
+    P = _Parts(gpu, dt, x.fp8, cast_bytes, cast_kernels, high_precision_dtype(s, gpu))
+    core, core_bwd = _attention_block(P, model, s, gpu, dt, x)
+    _mlp_block(P, model, s, gpu, moe, x)
+    P.stream("residual_mlp", x.res_bytes, 1, HOST_KERNELS["residual"])
+    P.charge_kernels()
+    fwd = P.total()
+    gemm_fwd = sum(P.gemm.values())
+    elementwise = fwd - gemm_fwd - core
+    # backward: each GEMM's dgrad and wgrad take its forward time (under fp8 the output
+    # gradients are quantized too); elementwise ops about twice their forward
+    grad_quant = 0.0
+    if x.fp8:
+        # every quantized TE linear quantizes its output gradient for its dgrad and wgrad GEMMs
+        # (TransformerEngine module/base.py grad_output_preprocess, with the recipe's grad-output
+        # quantizer; under NVFP4 with the Hadamard transform and stochastic rounding,
+        # NVFP4BlockScaling fp4_quant_bwd_grad): Megatron's linears are separate TE modules (the
+        # activation between fc1 and fc2 is Megatron's), so no grad-output cast is fused away
+        grad_quant = stream_time(gpu, P.quantized_outputs * cast_bytes, cast_kernels * P.quantized_linears)
+    b_input = gemm_fwd + core_bwd + 2 * elementwise + grad_quant
+    b_weight = gemm_fwd
+    rec_parts = recomputed_parts(s)
+    recompute = P.total(rec_parts) if rec_parts is None or rec_parts else 0.0
+    graphed = cuda_graph_parts(s, moe)
+    host_f, host_b = _host_seconds(P, gpu, graphed, rec_parts)
+    nodes = None
+    if moe:
+        host_s = 0.0 if graphed is not None and "*" in graphed else gpu.efficiency.host_launch_overhead_s
+        # dropless routing: the host waits for the token counts (alltoall / flex dispatchers)
+        synced = s.moe_token_dispatcher_type != "allgather" and not s.moe_pad_expert_input_to_capacity
+        # a full recompute re-runs the whole forward, all-to-alls included: the schedule adds it
+        # as a forward of its own (cost/parallel.py moe_layer_seconds), so the units leave it out
+        nodes = MoENodes(*_moe_nodes(P, core, core_bwd, grad_quant, set() if rec_parts is None else rec_parts,
+                                     graphed, host_s),
+                         host_a2a_s=HOST_KERNELS["all_to_all"] * host_s, synced=synced,
+                         shared_forward_s=P.gemm.get("shared", 0.0), comm_sm_share=comm_sm_share(s, gpu))
+    col_parts = ("qkv", "mla_up", "fc1", "shared")
+    return LayerTime(forward=fwd, backward_input=b_input, backward_weight=b_weight,
+                     recompute=recompute, core_attention_forward=core, flops_forward=P.flops,
+                     column_parallel_gemm_forward=sum(P.gemm.get(k, 0.0) for k in col_parts),
+                     host_forward=host_f, host_backward=host_b,
+                     tp_overlap_gemms=_tp_overlap_gemms(model, s, gpu, dt, moe, x),
+                     tp_degree=t, moe_nodes=nodes, parts_forward=tuple(P.time.items()))
+
+
+def _attention_block(P: "_Parts", model: ModelSpec, s: Strategy, gpu: GPUProfile, dt: str, x: _Shapes):
+    """The attention block's forward into P: input norm, QKV (or MLA's down/up projections),
+    QK norm, RoPE, core attention, out-projection, residual. (core forward, core backward) s."""
+    M, h, a_loc, g_loc, dqk, dv, s_q = x.M, x.h, x.a_loc, x.g_loc, x.dqk, x.dv, x.s_q
+    b = s.micro_batch_size
+    # input norm (fused into the QKV linear by TE, still one pass)
+    P.stream("norm_attn", x.norm_bytes, 1, HOST_KERNELS["norm"])
+    if x.fp4:
         # NVFP4 with Hadamard transforms: TE's norm does not emit NVFP4 itself (normalization.cpp
         # Impl::UNFUSED), its 16-bit output is quantized by the NVFP4 cast
         P.quantize("qkv", M * h)
@@ -401,7 +469,7 @@ def layer_time(model: ModelSpec, s: Strategy, gpu: GPUProfile, moe: bool) -> Lay
         P.stream("qk_norm", 2 * BYTES_16BIT * M * (a_loc + g_loc) * dqk, 2)
     if model.position_embedding_type == "rope":
         P.stream("rope", 2 * BYTES_16BIT * M * (a_loc + g_loc) * dqk, 2, HOST_KERNELS["rope"])
-    # --- core attention (per rank: s/cp queries; CP load-balances causality)
+    # core attention (per rank: s/cp queries; CP load-balances causality)
     keys = attention_keys_per_query(model, s.seq_length)
     if s.fused_attention:
         # flash / cuDNN: causal blocks above the diagonal skipped; 2 GEMM-like passes forward
@@ -424,116 +492,100 @@ def layer_time(model: ModelSpec, s: Strategy, gpu: GPUProfile, moe: bool) -> Lay
         P._add("core_attn", core, HOST_KERNELS["attention"] + 2, False, 4.0)
         core_bwd = 2 * core
     P.flops += attn_flops
-    if fp8:
+    if x.fp8:
         P.quantize("proj", M * a_loc * dv)   # the attention output feeds the out-projection
     P.linear("proj", M, h, a_loc * dv)
-    res_bytes = (3 * BYTES_16BIT + (1 if model.hidden_dropout > 0 else 0)) * M_sp * h   # bias-dropout-add
-    P.stream("residual_attn", res_bytes, 1, HOST_KERNELS["residual"])
-    # --- MLP block
+    P.stream("residual_attn", x.res_bytes, 1, HOST_KERNELS["residual"])
+    return core, core_bwd
+
+
+def _mlp_block(P: "_Parts", model: ModelSpec, s: Strategy, gpu: GPUProfile, moe: bool, x: _Shapes) -> None:
+    """The MLP block's forward into P: norm, then fc1 / activation / fc2, or for a MoE layer the
+    router, permutation, grouped expert GEMMs, unpermutation and the shared expert."""
+    M, M_sp, h, t = x.M, x.M_sp, x.h, x.t
     glu = 2 if model.swiglu else 1
+    P.stream("norm_mlp", x.norm_bytes, 1, HOST_KERNELS["norm"])
     if not moe:
         f = model.ffn_hidden_size
-        P.stream("norm_mlp", norm_bytes, 1, HOST_KERNELS["norm"])
-        if fp4:
+        if x.fp4:
             P.quantize("fc1", M * h)
         P.linear("fc1", M, f * glu / t, h)
         P.stream("act", BYTES_16BIT * M * f / t * (glu + 1), 1, HOST_KERNELS["activation"])
-        if fp8:
+        if x.fp8:
             P.quantize("fc2", M * f / t)
         P.linear("fc2", M, h, f / t)
-    else:
-        T = expert_tokens_per_rank(model, s)   # routed token copies on this rank
-        e_loc = model.num_experts / s.ep
-        f = model.moe_ffn_hidden_size / s.expert_tp
-        P.stream("norm_mlp", norm_bytes, 1, HOST_KERNELS["norm"])
-        P.linear("router", M_sp, model.num_experts, h, quantized=not fp4)
-        P.stream("router", (BYTES_16BIT + 4) * M_sp * model.num_experts * 3, 4, HOST_KERNELS["router"])
-        P.stream("permute", 2 * BYTES_16BIT * T * h, 2, HOST_KERNELS["permute"])
-        # grouped GEMMs over the local experts: e_loc GEMMs of T / e_loc tokens in one kernel
-        # (TE GroupedLinear), plus one kernel overhead per further expert for its tiles' setup
-        if fp8:
-            P.quantize("experts_fc1", T * h)
-        P.linear("experts_fc1", T / e_loc, f * glu, h, batch=e_loc, grouped=True)
-        P._add("experts_fc1", (e_loc - 1) * gpu.efficiency.kernel_overhead_s * gpu.compute_time_scale, 0.0, True, e_loc - 1)
-        P.stream("moe_act", BYTES_16BIT * T * f * (glu + 1), 1, HOST_KERNELS["activation"])
-        if fp8:
-            P.quantize("experts_fc2", T * f)
-        P.linear("experts_fc2", T / e_loc, h, f, batch=e_loc, grouped=True)
-        P._add("experts_fc2", (e_loc - 1) * gpu.efficiency.kernel_overhead_s * gpu.compute_time_scale, 0.0, True, e_loc - 1)
-        P.stream("unpermute", 2 * BYTES_16BIT * T * h, 2, HOST_KERNELS["unpermute"])
-        if model.moe_shared_expert_intermediate_size:
-            fs = model.moe_shared_expert_intermediate_size
-            if fp4:
-                P.quantize("shared", M * h)
-            P.linear("shared", M, fs * glu / t, h)
-            P.stream("shared", BYTES_16BIT * M * fs / t * (glu + 1), 1, HOST_KERNELS["activation"])
-            if fp8:
-                P.quantize("shared", M * fs / t)
-            P.linear("shared", M, h, fs / t)
-    P.stream("residual_mlp", res_bytes, 1, HOST_KERNELS["residual"])
-    P.charge_kernels()
-    fwd = P.total()
-    gemm_fwd = sum(P.gemm.values())
-    elementwise = fwd - gemm_fwd - core
-    # backward: each GEMM's dgrad and wgrad take its forward time (under fp8 the output
-    # gradients are quantized too); elementwise ops about twice their forward
-    grad_quant = 0.0
-    if fp4 or fp8:
-        # every quantized TE linear quantizes its output gradient for its dgrad and wgrad GEMMs
-        # (TransformerEngine module/base.py grad_output_preprocess, with the recipe's grad-output
-        # quantizer; under NVFP4 with the Hadamard transform and stochastic rounding,
-        # NVFP4BlockScaling fp4_quant_bwd_grad): Megatron's linears are separate TE modules (the
-        # activation between fc1 and fc2 is Megatron's), so no grad-output cast is fused away
-        grad_quant = stream_time(gpu, P.quantized_outputs * cast_bytes, cast_kernels * P.quantized_linears)
-    b_input = gemm_fwd + core_bwd + 2 * elementwise + grad_quant
-    b_weight = gemm_fwd
+        return
+    T = expert_tokens_per_rank(model, s)   # routed token copies on this rank
+    e_loc = model.num_experts / s.ep
+    f = model.moe_ffn_hidden_size / s.expert_tp
+    P.linear("router", M_sp, model.num_experts, h, quantized=not x.fp4)
+    P.stream("router", (BYTES_16BIT + 4) * M_sp * model.num_experts * 3, 4, HOST_KERNELS["router"])
+    P.stream("permute", 2 * BYTES_16BIT * T * h, 2, HOST_KERNELS["permute"])
+    # grouped GEMMs over the local experts: e_loc GEMMs of T / e_loc tokens in one kernel
+    # (TE GroupedLinear), plus one kernel overhead per further expert for its tiles' setup
+    per_expert_s = (e_loc - 1) * gpu.efficiency.kernel_overhead_s * gpu.compute_time_scale
+    if x.fp8:
+        P.quantize("experts_fc1", T * h)
+    P.linear("experts_fc1", T / e_loc, f * glu, h, batch=e_loc, grouped=True)
+    P._add("experts_fc1", per_expert_s, 0.0, True, e_loc - 1)
+    P.stream("moe_act", BYTES_16BIT * T * f * (glu + 1), 1, HOST_KERNELS["activation"])
+    if x.fp8:
+        P.quantize("experts_fc2", T * f)
+    P.linear("experts_fc2", T / e_loc, h, f, batch=e_loc, grouped=True)
+    P._add("experts_fc2", per_expert_s, 0.0, True, e_loc - 1)
+    P.stream("unpermute", 2 * BYTES_16BIT * T * h, 2, HOST_KERNELS["unpermute"])
+    if model.moe_shared_expert_intermediate_size:
+        fs = model.moe_shared_expert_intermediate_size
+        if x.fp4:
+            P.quantize("shared", M * h)
+        P.linear("shared", M, fs * glu / t, h)
+        P.stream("shared", BYTES_16BIT * M * fs / t * (glu + 1), 1, HOST_KERNELS["activation"])
+        if x.fp8:
+            P.quantize("shared", M * fs / t)
+        P.linear("shared", M, h, fs / t)
+
+
+def recomputed_parts(s: Strategy):
+    """The parts of a layer its backward recomputes: None for all of them (full recompute),
+    else those of the selective modules (RECOMPUTE_PARTS)."""
     if s.recompute == "full":
-        rec_parts = None
-    elif s.recompute == "selective":
-        rec_parts = set()
+        return None
+    parts: set = set()
+    if s.recompute == "selective":
         for mod in s.recompute_modules:
-            rec_parts |= set(RECOMPUTE_PARTS.get(mod, ()))
-    else:
-        rec_parts = set()
-    recompute = P.total(rec_parts) if rec_parts is None or rec_parts else 0.0
-    # host time to issue the kernels, less what CUDA graphs replay
-    graphed = cuda_graph_parts(s, moe)
+            parts |= set(RECOMPUTE_PARTS.get(mod, ()))
+    return parts
+
+
+def _host_seconds(P: "_Parts", gpu: GPUProfile, graphed, rec_parts) -> tuple[float, float]:
+    """Host seconds to issue the layer's kernels, forward and backward (with what it
+    recomputes), less what CUDA graphs replay."""
     if graphed is not None and "*" in graphed:
-        host_f = host_b = 0.0
-    else:
-        eager = None if graphed is None else [k for k in P.kernels if k not in graphed]
-        host_f = P.host(eager) * gpu.efficiency.host_launch_overhead_s
-        host_b = host_f * HOST_BACKWARD_PER_FORWARD_KERNEL
-        if rec_parts is None:
-            host_b += host_f
-        elif rec_parts:
-            host_b += P.host([k for k in rec_parts if eager is None or k in eager]) * gpu.efficiency.host_launch_overhead_s
-    nodes = None
-    if moe:
-        host_s = 0.0 if graphed is not None and "*" in graphed else gpu.efficiency.host_launch_overhead_s
-        # dropless routing: the host waits for the token counts (alltoall / flex dispatchers)
-        synced = s.moe_token_dispatcher_type != "allgather" and not s.moe_pad_expert_input_to_capacity
-        # a full recompute re-runs the whole forward, all-to-alls included: the schedule adds it
-        # as a forward of its own (cost/parallel.py moe_layer_seconds), so the units leave it out
-        nodes = MoENodes(*_moe_nodes(P, core, core_bwd, grad_quant, set() if rec_parts is None else rec_parts,
-                                     graphed, host_s),
-                         host_a2a_s=HOST_KERNELS["all_to_all"] * host_s, synced=synced,
-                         shared_forward_s=P.gemm.get("shared", 0.0), comm_sm_share=comm_sm_share(s, gpu))
-    col_parts = ("qkv", "mla_up", "fc1", "shared")
-    overlap = ()
-    if s.tp_comm_overlap and t > 1 and s.sp:
-        shapes = [(M, (a_loc + 2 * g_loc) * model.kv_channels, h), (M, h, a_loc * dv)]
-        if not moe:
-            shapes += [(M, model.ffn_hidden_size * glu / t, h), (M, h, model.ffn_hidden_size / t)]
-        elif model.moe_shared_expert_intermediate_size:
-            fs = model.moe_shared_expert_intermediate_size
-            shapes += [(M, fs * glu / t, h), (M, h, fs / t)]
-        overlap = tuple((gemm_time(gpu, dt, m, n, k), t * gemm_time(gpu, dt, m / t, n, k)) for m, n, k in shapes)
-    return LayerTime(forward=fwd, backward_input=b_input, backward_weight=b_weight,
-                     recompute=recompute, core_attention_forward=core, flops_forward=P.flops,
-                     column_parallel_gemm_forward=sum(P.gemm.get(k, 0.0) for k in col_parts),
-                     host_forward=host_f, host_backward=host_b, tp_overlap_gemms=overlap,
-                     tp_degree=t, moe_nodes=nodes, parts_forward=tuple(P.time.items()))
+        return 0.0, 0.0
+    eager = None if graphed is None else [k for k in P.kernels if k not in graphed]
+    host_f = P.host(eager) * gpu.efficiency.host_launch_overhead_s
+    host_b = host_f * HOST_BACKWARD_PER_FORWARD_KERNEL
+    if rec_parts is None:
+        host_b += host_f
+    elif rec_parts:
+        host_b += P.host([k for k in rec_parts if eager is None or k in eager]) * gpu.efficiency.host_launch_overhead_s
+    return host_f, host_b
+
+
+def _tp_overlap_gemms(model: ModelSpec, s: Strategy, gpu: GPUProfile, dt: str, moe: bool, x: _Shapes) -> tuple:
+    """With --tp-comm-overlap: (whole, chunked) forward seconds of the GEMMs TE userbuffers pairs
+    with TP collectives (QKV, out-projection, fc1, fc2 or the shared expert's), in that order."""
+    t, M, h = x.t, x.M, x.h
+    if not (s.tp_comm_overlap and t > 1 and s.sp):
+        return ()
+    glu = 2 if model.swiglu else 1
+    shapes = [(M, (x.a_loc + 2 * x.g_loc) * model.kv_channels, h), (M, h, x.a_loc * x.dv)]
+    if not moe:
+        shapes += [(M, model.ffn_hidden_size * glu / t, h), (M, h, model.ffn_hidden_size / t)]
+    elif model.moe_shared_expert_intermediate_size:
+        fs = model.moe_shared_expert_intermediate_size
+        shapes += [(M, fs * glu / t, h), (M, h, fs / t)]
+    return tuple((gemm_time(gpu, dt, m, n, k), t * gemm_time(gpu, dt, m / t, n, k)) for m, n, k in shapes)
 
 
 def comm_sm_share(s: Strategy, gpu: GPUProfile) -> float:
