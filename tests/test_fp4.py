@@ -11,7 +11,8 @@ from __future__ import annotations
 import pytest
 
 from planner.cost import activations as act
-from planner.cost.compute import gemm_time, layer_time, output_layer_time
+from planner.cost.compute import layer_time, output_layer_time
+from planner.cost.kernels import gemm_time
 from planner.cost.memory import bytes_per_param, fp8_weight_cache_bytes
 from planner.errors import InvalidStrategy
 from planner.estimate import estimate

@@ -86,7 +86,7 @@ def check_precision_on_cluster(precision: str, cluster) -> None:
     """--precision against every node group's GPU: nvfp4 needs an fp4 tensor peak (Blackwell);
     one line naming the option, the GPU and what is expected (cost/compute.py precision_problem).
     fp8 on a GPU without fp8 runs 16-bit, as it always has."""
-    from ..cost.compute import precision_problem   # the cost model
+    from ..cost.kernels import precision_problem   # the cost model
     for g in cluster.node_groups:
         problem = precision_problem(Strategy(precision=precision), g.gpu)
         if problem:
