@@ -119,7 +119,7 @@ def test_bundled_rack_clusters_and_profiles_load():
     c = load_cluster_ref("gb200-nvl72-x4")
     g = c.node_groups[0]
     assert (c.num_gpus, g.gpus_per_node, g.domain_gpus, g.nodes_per_domain) == (256, 4, 64, 16)
-    assert g.gpu.name == "gb200-186g" and g.gpu.memory_bytes == pytest.approx(186e9)
+    assert g.gpu.name == "gb200-186g" and g.gpu.memory_bytes == pytest.approx(184.31 * 2**30)   # as CUDA reports it
     assert g.gpu.scale_up_bandwidth_bytes_per_s == pytest.approx(900e9)
     c8 = load_cluster_ref("gb300-nvl72-x8")
     assert (c8.num_gpus, c8.node_groups[0].domain_gpus) == (512, 64)
