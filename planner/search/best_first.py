@@ -463,6 +463,7 @@ class _BestFirst:
         # the families (_queue_families): the screen, every spec, and those memory ruled out
         self.screen: FamilyScreen | None = None
         self.specs: list = []
+        self.family_lbs: dict = {}   # spec index -> the family's time bound
         self.unfit = np.zeros(0, dtype=np.int64)
         # what the entries taken best first share
         self.seen: set = set()
@@ -575,11 +576,16 @@ class _BestFirst:
     def _queue_screened(self, may_fit: np.ndarray, peak_lbs: np.ndarray) -> None:
         """Queue the families that may fit, bounded over all their stage placements."""
         specs, res = self.specs, self.res
+        # a family's time bound is a pure function of it: a search sharing these families
+        # (families_of) reads those it has already bounded
+        known = self.families_of.family_lbs if self.families_of is not None else {}
         for i in np.flatnonzero(may_fit):
             spec = specs[i]
             lay = self.layouts_cache[spec.lkey]
-            lb = self.bounds.family(spec.cls.base, spec.cls.tk, spec.pp, spec.m, spec.lkey[0], lay.caps,
-                                    max(spec.vpps), lay.names)
+            lb = known.get(i)
+            if lb is None:
+                lb = self.family_lbs[i] = self.bounds.family(spec.cls.base, spec.cls.tk, spec.pp, spec.m,
+                                                             spec.lkey[0], lay.caps, max(spec.vpps), lay.names)
             heapq.heappush(self.heap, (self._objective_lb(lb, lay.usd_min), next(self.tie), _FAMILY,
                                        _QueuedFamily(spec, lb, float(peak_lbs[i]))))
         self.unfit = np.flatnonzero(~may_fit)
