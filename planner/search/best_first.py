@@ -191,13 +191,15 @@ def search(model: ModelSpec, cluster: ClusterSpec, o: SearchOptions, progress=No
     helper = None
     try:
         first = _BestFirst(model, cluster, o, progress)
-        if o.jobs >= 2:
-            # the helper enumerates and screens the families itself, at the same time as this
-            # process (sharing them, it would start only once they are queued: measured slower
-            # side by side, the second core idle meanwhile)
-            helper = first.helper = _Helper.start(model, cluster, o, None,
-                                                  None if o.allow_tight else _tight_options(o, 1, o.time_limit_s))
         first.queue_families()
+        if o.jobs >= 2:
+            # the helper starts once the families are queued and shares them: enumerating its
+            # own beside this process was faster on an idle machine but doubled that work, and
+            # with another job on the second core took longer than the serial search (Qwen3-235B
+            # at 8192: 19.4 s and 23.5 s against 15.5 s and 14.9 s; sharing: 15.1 s and 15.9 s)
+            left = o.time_limit_s - (time.perf_counter() - first.t0)
+            helper = first.helper = _Helper.start(model, cluster, o, first,
+                                                  None if o.allow_tight else _tight_options(o, 1, left))
         res = first.take_best_first()
         return res if o.allow_tight else _with_tight_plans(model, cluster, o, res, first, helper)
     finally:
