@@ -215,7 +215,7 @@ def test_the_default_allocator_widens_the_verdict_margin_by_its_fragmentation_sp
     """Without expandable segments the margin grows by GMLake's measured fragmentation excess of the
     default caching allocator (15% of reserved on average, ASPLOS 2024) = 0.15 / 0.85 of the
     allocated bytes; the bytes themselves and the fits test do not change."""
-    from dataclasses import replace as _replace
+    from dataclasses import replace
     from planner.estimate import estimate
     from planner.library import load_cluster_ref, load_model_ref
     from planner.strategy import Strategy
@@ -223,7 +223,7 @@ def test_the_default_allocator_widens_the_verdict_margin_by_its_fragmentation_sp
     s = Strategy(tp=2, pp=2, dp=16, micro_batch_size=1, global_batch_size=64, seq_length=8192,
                  sequence_parallel=True, zero_stage=1, precision="bf16")
     on = estimate(m, c, s).memory
-    off = estimate(m, c, _replace(s, expandable_segments=False)).memory
+    off = estimate(m, c, replace(s, expandable_segments=False)).memory
     for a, b in zip(on, off):
         assert a.total == b.total and a.capacity == b.capacity and a.fits == b.fits
         assert b.margin_bytes - a.margin_bytes == pytest.approx(a.total * 0.15 / 0.85, rel=1e-12)

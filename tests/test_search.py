@@ -21,6 +21,7 @@ from planner.search.planner import (MICRO_BATCHES, VPP_CHOICES, GpuBudget, Searc
 from planner.search.results import Plans
 from planner.search.screen import memory_screen
 from planner.search.split import initial_split, with_split
+from planner.search.sweep import run_one
 from planner.specs.cluster import cluster_from_dict
 from planner.specs.model import model_from_dict
 from planner.strategy import Strategy, check_structure
@@ -853,3 +854,27 @@ def test_the_helper_prices_a_candidate_as_the_search_does():
     assert (effects.priced, effects.invalid, effects.solver, effects.optimality_gap, effects.warnings) == \
         (here_effects.priced, here_effects.invalid, here_effects.solver, here_effects.optimality_gap,
          here_effects.warnings)
+
+
+def test_a_sweep_in_a_pool_runs_its_searches_serial_with_the_same_plans(monkeypatch):
+    """planner sweep runs one search per process; with a pool of several its searches run
+    serial (no pool inside a pool), with one process the one search may use the jobs, and the
+    best plans and counts are the same either way."""
+    import planner.search.sweep as S
+
+    options = S.sweep_options([HOMOGENEOUS, MIXED], None, {})
+    o = replace(OPTIONS, allow_tight=False)
+    monkeypatch.setattr(S, "run_one", _sweep_search_noting_its_jobs)
+    pooled = S.run_sweep(MODEL, options, o, jobs=2)
+    here = S.run_sweep(MODEL, options, o, jobs=1)
+    alone = S.run_sweep(MODEL, options[:1], o, jobs=2)
+    assert [x.status for x in pooled + here + alone] == ["jobs 1"] * 4 + ["jobs 2"]
+    assert [(x.plan.strategy, x.candidates) for x in pooled] == [(x.plan.strategy, x.candidates) for x in here]
+    assert alone[0].plan.strategy == here[0].plan.strategy
+
+
+def _sweep_search_noting_its_jobs(args):
+    """sweep.run_one with its outcome's status replaced by the jobs its search was given."""
+    got = run_one(args)
+    got.status = f"jobs {args[2].jobs}"
+    return got

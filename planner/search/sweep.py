@@ -93,7 +93,7 @@ def sweep_options(clusters: list[ClusterSpec], every, named: dict) -> list[Sweep
     return out
 
 
-def _run_one(args) -> SweepOutcome:
+def run_one(args) -> SweepOutcome:
     """One option's search (in a worker process)."""
     model, option, o, train_tokens, index = args
     try:
@@ -129,12 +129,12 @@ def run_sweep(model: ModelSpec, options: list[SweepOption], o: SearchOptions, tr
     out: list = [None] * len(work)
     if jobs == 1:
         for i, w in enumerate(work):
-            out[i] = _run_one(w)
+            out[i] = run_one(w)
             if on_done:
                 on_done(i + 1, len(work))
         return out
     with ProcessPoolExecutor(max_workers=jobs) as pool:
-        futures = {pool.submit(_run_one, w): w[-1] for w in work}
+        futures = {pool.submit(run_one, w): w[-1] for w in work}
         try:
             for k, f in enumerate(as_completed(futures), 1):
                 out[futures[f]] = f.result()
