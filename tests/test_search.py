@@ -878,3 +878,18 @@ def _sweep_search_noting_its_jobs(args):
     got = run_one(args)
     got.status = f"jobs {args[2].jobs}"
     return got
+
+
+def test_a_parallel_search_stopped_by_its_time_limit_ends_as_the_serial_one(monkeypatch):
+    """With the time limit spent before its families are queued, a parallel search asks its
+    helper for no search for TIGHT plans and ends at the limit as the serial one does."""
+    import itertools as it
+
+    import planner.search.best_first as P
+
+    for jobs in (1, 2):
+        clock = it.count()
+        monkeypatch.setattr(P.time, "perf_counter", lambda: next(clock) * 0.001)
+        r = search(MODEL, MIXED, replace(OPTIONS, allow_tight=False, time_limit_s=0.001, jobs=jobs))
+        assert r.status == "time-limit" and not any("TIGHT" in w for w in r.warnings), jobs
+        _assert_counts_add_up(r)

@@ -198,8 +198,8 @@ def search(model: ModelSpec, cluster: ClusterSpec, o: SearchOptions, progress=No
             # with another job on the second core took longer than the serial search (Qwen3-235B
             # at 8192: 19.4 s and 23.5 s against 15.5 s and 14.9 s; sharing: 15.1 s and 15.9 s)
             left = o.time_limit_s - (time.perf_counter() - first.t0)
-            helper = first.helper = _Helper.start(model, cluster, o, first,
-                                                  None if o.allow_tight else _tight_options(o, 1, left))
+            tight_o = None if o.allow_tight or left <= 0 else _tight_options(o, 1, left)
+            helper = first.helper = _Helper.start(model, cluster, o, first, tight_o)
         res = first.take_best_first()
         return res if o.allow_tight else _with_tight_plans(model, cluster, o, res, first, helper)
     finally:
@@ -305,12 +305,12 @@ class _Helper:
     the helper (no process can be started, it fails or dies) leaves the search to do its work
     itself, with the same result."""
 
-    def __init__(self, proc, conn):
+    def __init__(self, proc, conn, tight: bool):
         self.proc, self.conn = proc, conn
         self.alive = True
         self.ready = False           # the helper takes candidates (its first search is done)
-        self.tight = None            # what its search for TIGHT plans returned
-        self.tight_done = False
+        self.tight = None            # what its search for TIGHT plans returned (None: run it here)
+        self.tight_done = not tight  # no such search asked of it: nothing to wait for
         self.pending: list = []      # (bound, tie, strategy): candidates it may price
         self.in_hand = None          # the candidate it is pricing
         self.results: dict = {}      # strategy -> priced_apart's result
@@ -333,7 +333,7 @@ class _Helper:
         except (OSError, AssertionError, ValueError):   # e.g. inside a daemonic process
             return None
         there.close()
-        return cls(proc, here)
+        return cls(proc, here, tight_o is not None)
 
     def _receive(self, block: bool) -> None:
         """Read what the helper sent (with `block`, at least one message)."""
