@@ -796,12 +796,12 @@ def test_parallel_search_returns_what_the_serial_one_does(model, cluster, option
     candidates ahead of it) returns the same top K, the same TIGHT plan beside them and the same
     counts as jobs 1, on the brute-force cases above; so does a parallel search whose second
     process dies at once, or at its first candidate (the search then does the work itself)."""
-    import planner.search.best_first as P
+    import planner.search.helper as H
 
     serial = _outcome(search(model, cluster, replace(options, jobs=1)))
     assert _outcome(search(model, cluster, replace(options, jobs=2))) == serial
     for broken in (_helper_dies_at_once, _helper_dies_at_its_first_candidate):
-        monkeypatch.setattr(P, "_helper_main", broken)
+        monkeypatch.setattr(H, "helper_main", broken)
         assert _outcome(search(model, cluster, replace(options, jobs=2))) == serial
 
 
@@ -830,15 +830,15 @@ def test_the_helper_prices_a_candidate_as_the_search_does():
     """The helper process (jobs >= 2) prices a candidate it is handed exactly as the search
     would itself (pricing.priced_apart): the same estimates, and the same counts and warnings
     for the search's result."""
-    import planner.search.best_first as P
+    from planner.search.helper import Helper
     from planner.search.pricing import priced_apart
 
     o = replace(OPTIONS, top=3, jobs=2)
     cands = [e.strategy for e in search(MODEL, MIXED, replace(o, jobs=1)).priced_estimates[:2]]
-    helper = P._Helper.start(MODEL, MIXED, o, None, None)   # no search for TIGHT plans first
+    helper = Helper.start(MODEL, MIXED, o, None, None, None)   # no search for TIGHT plans first
     try:
         while not helper.ready:
-            helper._receive(True)
+            helper.receive(True)
         for tie, s in enumerate(cands):
             helper.offer(1.0 + tie, tie, s)
         helper.feed(float("inf"), 0.0)   # the search's own next entry is elsewhere: the helper takes the first

@@ -14,7 +14,8 @@ validation scripts import. The search lives in the modules of this package, one 
   balanced_chunks, with_split);
 - pricing.py: a candidate's estimate and exact re-split, the ILP cross-check;
 - results.py: the plans found (Plans);
-- best_first.py: the best-first loop (search), serial or with worker processes (jobs)."""
+- best_first.py: the best-first loop (search);
+- helper.py: the second process of a search with --jobs >= 2 (TIGHT plans, pricing ahead)."""
 
 from __future__ import annotations
 

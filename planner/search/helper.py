@@ -1,0 +1,182 @@
+"""The second process of a search (`plan --jobs N`, N >= 2): it runs the search for TIGHT plans
+beside the first search, then prices candidates ahead of it. Pricing is a pure function of a
+candidate (pricing.priced_apart) and the first search still decides everything in its own
+order, so plans and counts are those of a serial search (docs/search.md)."""
+
+from __future__ import annotations
+
+import gc
+import heapq
+import multiprocessing
+
+from ..specs.cluster import ClusterSpec
+from ..specs.model import ModelSpec
+from ..strategy import Strategy
+from .pricing import priced_apart
+from .space import SearchOptions, SearchResult
+
+# Seconds the helper is given to stop after being told to (it reads the message at once).
+HELPER_STOP_S = 1.0
+
+
+def start_method() -> str:
+    """fork where the platform has it (the child starts at once, with the modules loaded)."""
+    return "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
+
+
+def helper_main(conn, model: ModelSpec, cluster: ClusterSpec, o: SearchOptions, first, tight_o, search_cls) -> None:
+    """The helper process (Helper): the search for TIGHT plans (tight_o; None: none; run by
+    `search_cls`, best_first's search, passed in so this module does not import it) over the
+    families of the first search (`first`, as it was when the helper started; None: its own), whose
+    plans, figures and status go back (the estimates it priced and its closest miss stay
+    here), then candidates priced as they come (pricing.priced_apart) until told to stop."""
+    gc.disable()
+    try:
+        if tight_o is not None:
+            try:
+                r = search_cls(model, cluster, tight_o, None, families_of=first).run()
+                got = SearchResult(plans=r.plans, plan_figures=r.plan_figures, status=r.status,
+                                   optimality_gap=r.optimality_gap, objective=r.objective)
+            except Exception:   # the parent runs that search itself
+                got = None
+            conn.send(("tight", got))
+        conn.send(("ready", None))
+        while True:
+            s = conn.recv()
+            if s is None:
+                break
+            conn.send(("priced", s, priced_apart(model, cluster, s, o.uneven_chunks, not o.allow_tight)))
+    except (EOFError, OSError, KeyboardInterrupt):
+        pass
+    finally:
+        conn.close()
+
+
+class Helper:
+    """A second process for a search (o.jobs >= 2). It first runs _with_tight_plans' second
+    search, beside the first, then prices candidates ahead of the first search: the search
+    offers it the candidates it queued again (most of those it prices come that way), and
+    while it has none in hand the helper takes the cheapest-bounded of them that the search is
+    not about to reach itself. When the search comes to price a candidate it takes the
+    helper's result, waiting for it if it is being priced, or prices it itself. Pricing is a
+    pure function of the candidate, and the search decides in its own order as before, so the
+    plans and counts are those of a serial search; only the time differs. Anything that stops
+    the helper (no process can be started, it fails or dies) leaves the search to do its work
+    itself, with the same result."""
+
+    def __init__(self, proc, conn, tight: bool):
+        self.proc, self.conn = proc, conn
+        self.alive = True
+        self.ready = False           # the helper takes candidates (its first search is done)
+        self.tight = None            # what its search for TIGHT plans returned (None: run it here)
+        self.tight_done = not tight  # no such search asked of it: nothing to wait for
+        self.pending: list = []      # (bound, tie, strategy): candidates it may price
+        self.in_hand = None          # the candidate it is pricing
+        self.results: dict = {}      # strategy -> priced_apart's result
+        self.mine: set = set()       # candidates the search priced itself
+        self.taken = 0               # results the search used (its report)
+
+    @classmethod
+    def start(cls, model: ModelSpec, cluster: ClusterSpec, o: SearchOptions, first, tight_o,
+              search_cls) -> "Helper | None":
+        """The helper; its search for TIGHT plans shares the families `first` has queued (a
+        forked helper reads them from its copy of the memory), or with first None (or no
+        fork) enumerates its own."""
+        try:
+            method = start_method()
+            ctx = multiprocessing.get_context(method)
+            here, there = ctx.Pipe()
+            proc = ctx.Process(target=helper_main, daemon=True,
+                               args=(there, model, cluster, o, first if method == "fork" else None, tight_o, search_cls))
+            proc.start()
+        except (OSError, AssertionError, ValueError):   # e.g. inside a daemonic process
+            return None
+        there.close()
+        return cls(proc, here, tight_o is not None)
+
+    def receive(self, block: bool) -> None:
+        """Read what the helper sent (with `block`, at least one message)."""
+        try:
+            while self.alive and (block or self.conn.poll()):
+                block = False
+                kind, *rest = self.conn.recv()
+                if kind == "tight":
+                    self.tight, self.tight_done = rest[0], True
+                elif kind == "ready":
+                    self.ready = True
+                else:
+                    s, got = rest
+                    self.in_hand = None
+                    if s not in self.mine:
+                        self.results[s] = got
+        except (EOFError, OSError):
+            self.alive = False
+            self.in_hand = None
+
+    def offer(self, bound: float, tie: int, s: Strategy) -> None:
+        """A candidate the search queued again (under this bound and tie): it may be priced."""
+        heapq.heappush(self.pending, (bound, tie, s))
+
+    def feed(self, kth: float, next_bound: float) -> None:
+        """Give the helper a candidate when it has none: the cheapest-bounded one pending that
+        can still enter the top K (bound <= kth), or the second cheapest when the cheapest is
+        the search's own next entry (bound <= next_bound)."""
+        if not self.alive:
+            return
+        self.receive(False)
+        if not self.ready or self.in_hand is not None:
+            return
+        pending, picked = self.pending, []
+        while pending and len(picked) < 2:
+            b, tie, s = heapq.heappop(pending)
+            if b > kth:
+                pending.clear()   # nothing left can enter (the K-th best only rarely rises)
+                break
+            if s not in self.mine and s not in self.results:
+                picked.append((b, tie, s))
+        if not picked:
+            return
+        if picked[0][0] <= next_bound and len(picked) == 2:
+            heapq.heappush(pending, picked[0])
+            picked = picked[1:]
+        elif len(picked) == 2:
+            heapq.heappush(pending, picked[1])
+        s = picked[0][2]
+        try:
+            self.conn.send(s)
+            self.in_hand = s
+        except (OSError, ValueError):
+            self.alive = False
+
+    def take(self, s: Strategy):
+        """priced_apart's result for s if the helper priced it (waiting while it prices it),
+        else None: the search prices s itself."""
+        if self.alive and self.in_hand == s:
+            self.receive(True)
+            while self.alive and self.in_hand is not None:
+                self.receive(True)
+        got = self.results.pop(s, None)
+        if got is None:
+            self.mine.add(s)
+        else:
+            self.taken += 1
+        return got
+
+    def tight_result(self) -> SearchResult | None:
+        """What the search for TIGHT plans returned (None: run it here)."""
+        while self.alive and not self.tight_done:
+            self.receive(True)
+        return self.tight
+
+    def close(self) -> None:
+        """Stop the helper: told to, or ended if it is still in a search or pricing."""
+        if self.alive and self.ready and self.in_hand is None:
+            try:
+                self.conn.send(None)
+            except (OSError, ValueError):
+                pass
+            self.proc.join(timeout=HELPER_STOP_S)
+        if self.proc.is_alive():
+            self.proc.terminate()
+            self.proc.join()
+        self.conn.close()
