@@ -15,6 +15,8 @@ SCHEDULES = ("1f1b", "interleaved", "zb-h1")
 # GEMM precision: bf16 / fp16, fp8 (Transformer Engine, recipe in fp8_recipe) or nvfp4 (Megatron's
 # --fp4-format e2m1 --fp4-recipe nvfp4: TE's NVFP4BlockScaling, Blackwell and later)
 PRECISIONS = ("bf16", "fp16", "fp8", "nvfp4")
+# Transformer Engine fp8 recipes as Megatron names them (--fp8-recipe)
+FP8_RECIPES = ("delayed", "tensorwise", "blockwise", "mxfp8")
 OPTIMIZER_CONVENTIONS = ("megatron", "deepspeed")
 
 

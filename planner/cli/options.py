@@ -9,7 +9,7 @@ from typing import NamedTuple, Optional
 from ..errors import InvalidStrategy, SpecError
 from ..inputs import MAX_COUNT, MAX_DEGREE, int_option, printable
 from ..search.objective import OBJECTIVES, parse_token_count
-from ..strategy import PRECISIONS, RECOMPUTE, SCHEDULES, Strategy
+from ..strategy import FP8_RECIPES, PRECISIONS, RECOMPUTE, SCHEDULES, Strategy
 from ..yamlio import suggest
 
 # help text of the options `plan` and `sweep` share
@@ -82,14 +82,27 @@ def check_precision(precision: str) -> None:
         raise SpecError("--precision", None, f"found {precision!r}, expected one of {', '.join(PRECISIONS)}")
 
 
-def check_precision_on_cluster(precision: str, cluster) -> None:
-    """--precision against every node group's GPU: nvfp4 needs an fp4 tensor peak (Blackwell);
-    one line naming the option, the GPU and what is expected (cost/compute.py precision_problem).
-    fp8 on a GPU without fp8 runs 16-bit, as it always has."""
+def check_fp8_recipe(fp8_recipe: str | None, precision: str) -> None:
+    """--fp8-recipe: one of Megatron's recipes, and only with --precision fp8."""
+    if fp8_recipe is None:
+        return
+    if fp8_recipe not in FP8_RECIPES:
+        raise SpecError("--fp8-recipe", None, f"found {fp8_recipe!r}, expected one of {', '.join(FP8_RECIPES)}")
+    if precision != "fp8":
+        raise SpecError("--fp8-recipe", None, f"found {fp8_recipe!r} with --precision {precision}, expected it "
+                        "with --precision fp8")
+
+
+def check_precision_on_cluster(precision: str, cluster, fp8_recipe: str | None = None) -> None:
+    """--precision (and --fp8-recipe) against every node group's GPU: nvfp4 needs an fp4 tensor
+    peak, MXFP8 Blackwell; one line naming the option, the GPU and what is expected
+    (cost/kernels.py precision_problem). fp8 on a GPU without fp8 runs 16-bit, as it always has."""
     from ..cost.kernels import precision_problem   # the cost model
     for g in cluster.node_groups:
-        problem = precision_problem(Strategy(precision=precision), g.gpu)
+        problem = precision_problem(Strategy(precision=precision, fp8_recipe=fp8_recipe or "delayed"), g.gpu)
         if problem:
+            if fp8_recipe == "mxfp8":
+                raise SpecError("--fp8-recipe", None, f"{problem} (node group {g.name} of {cluster.name})")
             raise SpecError("--precision", None, f"{problem} (node group {g.name} of {cluster.name}); "
                             "expected a cluster of such GPUs, or --precision fp8 / bf16")
 

@@ -15,7 +15,7 @@ from ..megatron.check import load_plan_or_launch
 from ..search.objective import MIN_GPU_FRACTION, check_objective
 from . import app, console, err_console, error_line, print_json
 from .options import (HELP_ALLOW_TIGHT, HELP_CHARGE_IDLE, HELP_MIN_FRACTION, HELP_OBJECTIVE, HELP_TOKENS,
-                      HELP_ZERO_STAGES, budget_options, check_precision, check_precision_on_cluster,
+                      HELP_ZERO_STAGES, budget_options, check_fp8_recipe, check_precision, check_precision_on_cluster,
                       search_choices)
 from .plotting import check_folder, estimate_plots, write_plots
 
@@ -29,6 +29,9 @@ def plan(
     top: int = typer.Option(3, "--top", min=1, max=50),
     fix: Optional[List[str]] = typer.Option(None, "--fix", help="Pin a choice, e.g. --fix tp=8 --fix recompute=full"),
     precision: str = typer.Option("bf16", "--precision", help="bf16 | fp16 | fp8 | nvfp4 (nvfp4: Blackwell GPUs)"),
+    fp8_recipe: Optional[str] = typer.Option(None, "--fp8-recipe", help="With --precision fp8: delayed | tensorwise "
+                                             "| blockwise | mxfp8 (default: mxfp8 on Blackwell, tensorwise "
+                                             "elsewhere, as NVIDIA's Megatron-Bridge recipes)"),
     zero: str = typer.Option("0,1", "--zero-stages", help=HELP_ZERO_STAGES),
     gpus: Optional[int] = typer.Option(None, "--gpus", help="Use exactly this many of the cluster's GPUs."),
     max_gpus: Optional[int] = typer.Option(None, "--max-gpus", help="Use at most this many of the cluster's GPUs."),
@@ -67,6 +70,7 @@ def plan(
     from ..search.planner import SearchOptions   # numpy
     from ..search.sweep import default_jobs
     check_precision(precision)
+    check_fp8_recipe(fp8_recipe, precision)
     _check_output_options(solver, emit, out)
     ch = search_choices(global_batch_size, seq_length, time_limit, zero, fix, gpus, max_gpus, min_gpu_fraction,
                         objective, train_tokens, jobs)
@@ -78,10 +82,11 @@ def plan(
     m = load_model_ref(model)
     c = load_cluster_ref(cluster)
     budget_options(gpus, max_gpus, min_gpu_fraction, c)
-    check_precision_on_cluster(precision, c)
+    check_precision_on_cluster(precision, c, fp8_recipe)
     check_objective(c, ch.objective, charge_idle)
     opts = SearchOptions(global_batch_size=global_batch_size, seq_length=seq_length, top=top,
-                         fixed=ch.fixed, precision=precision, zero_stages=ch.zero_stages, solver=solver,
+                         fixed=ch.fixed, precision=precision, fp8_recipe=fp8_recipe, zero_stages=ch.zero_stages,
+                         solver=solver,
                          time_limit_s=time_limit, allow_tp_across_nodes=allow_tp_across_nodes,
                          uneven_chunks=uneven_chunks, gpus=gpus, max_gpus=max_gpus,
                          min_gpu_fraction=min_gpu_fraction, objective=ch.objective, charge_idle=charge_idle,

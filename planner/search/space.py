@@ -9,6 +9,7 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass, field, replace
 
+from ..cost.kernels import MXFP8_MIN_COMPUTE_CAPABILITY
 from ..estimate import Estimate
 from ..specs.cluster import ClusterSpec
 from ..specs.model import ModelSpec
@@ -43,6 +44,9 @@ class SearchOptions:
     top: int = 3
     fixed: tuple = ()                 # (("tp", 8), ...)
     precision: str = "bf16"
+    # the fp8 recipe of fp8 plans (delayed | tensorwise | blockwise | mxfp8); None: the one
+    # NVIDIA's Megatron-Bridge recipes train with on the cluster's GPUs (fp8_recipe_of)
+    fp8_recipe: str | None = None
     recompute: tuple[str, ...] = ("none", "selective", "full")
     zero_stages: tuple[int, ...] = (0, 1)
     schedules: tuple[str, ...] = ("1f1b", "interleaved")
@@ -82,6 +86,17 @@ class SearchOptions:
     @property
     def budget(self) -> "GpuBudget":
         return GpuBudget(self.gpus, self.max_gpus, self.min_gpu_fraction)
+
+
+def fp8_recipe_of(o: SearchOptions, cluster: ClusterSpec) -> str:
+    """The fp8 recipe the search plans with: o.fp8_recipe, or by default the one NVIDIA's
+    Megatron-Bridge performance recipes use, MXFP8 where every GPU is Blackwell (the recipes'
+    fp8_mx on B200 / GB200 / GB300) and tensorwise current scaling elsewhere (fp8_cs on H100),
+    one recipe for the whole launch (Transformer Engine refuses MXFP8 below Blackwell)."""
+    if o.fp8_recipe is not None:
+        return o.fp8_recipe
+    blackwell = all(g.gpu.compute_capability >= MXFP8_MIN_COMPUTE_CAPABILITY for g in cluster.node_groups)
+    return "mxfp8" if blackwell else "tensorwise"
 
 
 @dataclass
