@@ -188,11 +188,12 @@ def _case(draw):
     vpp = draw(st.sampled_from(vpps))
     rec = draw(st.sampled_from(["none", "selective", "full"]))
     z = draw(st.sampled_from([0, 1, 3]))
+    shared_overlap = bool(model.moe_shared_expert_intermediate_size) and draw(st.booleans())
     s = Strategy(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, etp=etp, vpp=vpp, micro_batch_size=mbs, global_batch_size=gbs,
                  seq_length=seq, recompute=rec, sequence_parallel=tp > 1, zero_stage=z, precision=precision,
                  schedule="interleaved" if vpp > 1 else "1f1b",
                  stage_node_groups=groups if cluster.is_heterogeneous else None,
-                 overlap_grad_reduce=True, overlap_param_gather=z >= 1)
+                 overlap_grad_reduce=True, overlap_param_gather=z >= 1, moe_shared_expert_overlap=shared_overlap)
     valid, start = initial_split(model, cluster, s, groups, uneven)
     assume(valid)
     rng = random.Random(draw(st.integers(0, 2 ** 32 - 1)))

@@ -20,7 +20,7 @@ from planner.search.planner import (MICRO_BATCHES, VPP_CHOICES, GpuBudget, Searc
                                     stage_layouts)
 from planner.search.results import Plans
 from planner.search.screen import memory_screen
-from planner.search.space import fp8_recipe_of
+from planner.search.space import execution_of
 from planner.search.split import initial_split, with_split
 from planner.search.sweep import run_one
 from planner.specs.cluster import cluster_from_dict
@@ -89,7 +89,7 @@ def _space(model, cluster, o):
                                     tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, etp=etp, vpp=vpp,
                                     micro_batch_size=mbs, global_batch_size=o.global_batch_size,
                                     seq_length=o.seq_length, recompute=rec, sequence_parallel=tp > 1,
-                                    zero_stage=z, precision=o.precision, fp8_recipe=fp8_recipe_of(o, cluster),
+                                    zero_stage=z, precision=o.precision, **execution_of(model, o, cluster),
                                     schedule="interleaved" if vpp > 1 else "1f1b",
                                     stage_node_groups=groups if cluster.is_heterogeneous else None,
                                     overlap_grad_reduce=True, overlap_param_gather=z >= 1)

@@ -319,6 +319,10 @@ def _moe_rules(c: _Launch, tp: int, pp: int):
             f"model parallel_size ({ep})", SOURCE_TC)
     if ws % (etp * ep * pp):
         bad("world-divisible-expert", f"world_size ({ws}) is not divisible by etp x ep x pp ({etp * ep * pp})", SOURCE_PS)
+    if (m.is_moe and m.moe_shared_expert_intermediate_size and val("moe_shared_expert_overlap")
+            and val("moe_token_dispatcher_type") not in ("alltoall", "flex")):
+        bad("shared-expert-overlap", "moe_shared_expert_overlap only works with alltoall or flex token dispatcher",
+            SOURCE_TC)
     return ep
 
 

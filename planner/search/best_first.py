@@ -30,7 +30,7 @@ from .objective import check_objective, figures, usd_per_hour, usd_per_million_t
 from .pricing import add_effects, ilp_cross_check, priced_apart
 from .results import Plans
 from .screen import fits_exactly, least_block_recompute, memory_screen, stage_memories
-from .space import (PROGRESS_INTERVAL_S, SearchOptions, SearchProgress, SearchResult, family_specs, fp8_recipe_of, warn,
+from .space import (PROGRESS_INTERVAL_S, SearchOptions, SearchProgress, SearchResult, execution_of, family_specs, warn,
                     zero_options, stage_layouts)
 from .split import initial_split, with_split
 
@@ -383,7 +383,7 @@ class _BestFirst:
         (family_screen.py), and those that may fit bounded over all their stage placements.
         A family is a tuple until it is reached; its Strategy is built from its time class's."""
         model, o, res = self.model, self.o, self.res
-        fp8_recipe = fp8_recipe_of(o, self.cluster)
+        execution = execution_of(model, o, self.cluster)
         classes: dict = {}
         screen = self.screen = FamilyScreen(model, self.cluster, self.zero_opts, o.uneven_chunks, self.with_margin)
         specs = self.specs
@@ -396,7 +396,7 @@ class _BestFirst:
                 ts = Strategy(tp=tp, cp=cp, ep=ep, etp=etp, micro_batch_size=mbs,
                               global_batch_size=o.global_batch_size, seq_length=o.seq_length,
                               recompute=ckey[5], sequence_parallel=tp > 1, precision=o.precision,
-                              fp8_recipe=fp8_recipe,
+                              **execution,
                               overlap_grad_reduce=True)
                 cls = classes[ckey] = _TimeClass(ts, time_key(ts))
             res.candidates += count

@@ -11,7 +11,7 @@ from ..specs.cluster import ClusterSpec
 from ..specs.model import ModelSpec
 from ..strategy import Strategy, check_structure
 from .planner import SearchOptions, space_worlds
-from .space import fp8_recipe_of
+from .space import execution_of
 
 # world sizes listed in a message
 _SHOWN_SIZES = 6
@@ -48,7 +48,7 @@ def _structure_problem(model: ModelSpec, cluster: ClusterSpec, o: SearchOptions)
         s = Strategy(tp=tp, pp=pp, dp=dp, cp=cp, ep=pins.get("ep", 1), etp=pins.get("etp"), vpp=vpp,
                      micro_batch_size=pins.get("mbs", 1), global_batch_size=o.global_batch_size,
                      seq_length=o.seq_length, recompute=pins.get("recompute", "none"), sequence_parallel=tp > 1,
-                     zero_stage=pins.get("zero", 1), precision=o.precision, fp8_recipe=fp8_recipe_of(o, cluster),
+                     zero_stage=pins.get("zero", 1), precision=o.precision, **execution_of(model, o, cluster),
                      schedule="interleaved" if vpp > 1 else "1f1b")
         check_structure(s, model)
     except InvalidStrategy as exc:
