@@ -367,18 +367,11 @@ def _attention_block(P: "_Parts", model: ModelSpec, s: Strategy, gpu: GPUProfile
 def _mlp_block(P: "_Parts", model: ModelSpec, s: Strategy, gpu: GPUProfile, moe: bool, x: _Shapes) -> None:
     """The MLP block's forward into P: norm, then fc1 / activation / fc2, or for a MoE layer the
     router, permutation, grouped expert GEMMs, unpermutation and the shared expert."""
-    M, M_sp, h, t = x.M, x.M_sp, x.h, x.t
+    M_sp, h = x.M_sp, x.h
     glu = 2 if model.swiglu else 1
     P.stream("norm_mlp", x.norm_bytes, 1, HOST_KERNELS["norm"])
     if not moe:
-        f = model.ffn_hidden_size
-        if x.fp4:
-            P.quantize("fc1", M * h)
-        P.linear("fc1", M, f * glu / t, h)
-        P.stream("act", BYTES_16BIT * M * f / t * (glu + 1), 1, HOST_KERNELS["activation"])
-        if x.fp8:
-            P.quantize("fc2", M * f / t)
-        P.linear("fc2", M, h, f / t)
+        _tp_mlp(P, x, model.ffn_hidden_size, glu, ("fc1", "act", "fc2"))
         return
     T = expert_tokens_per_rank(model, s)   # routed token copies on this rank
     e_loc = model.num_experts / s.ep
@@ -400,14 +393,23 @@ def _mlp_block(P: "_Parts", model: ModelSpec, s: Strategy, gpu: GPUProfile, moe:
     P._add("experts_fc2", per_expert_s, 0.0, True, e_loc - 1)
     P.stream("unpermute", 2 * BYTES_16BIT * T * h, 2, HOST_KERNELS["unpermute"])
     if model.moe_shared_expert_intermediate_size:
-        fs = model.moe_shared_expert_intermediate_size
-        if x.fp4:
-            P.quantize("shared", M * h)
-        P.linear("shared", M, fs * glu / t, h)
-        P.stream("shared", BYTES_16BIT * M * fs / t * (glu + 1), 1, HOST_KERNELS["activation"])
-        if x.fp8:
-            P.quantize("shared", M * fs / t)
-        P.linear("shared", M, h, fs / t)
+        _tp_mlp(P, x, model.moe_shared_expert_intermediate_size, glu, ("shared",) * 3)
+
+
+def _tp_mlp(P: "_Parts", x: _Shapes, f: int, glu: int, parts: tuple[str, str, str]) -> None:
+    """A TP-sharded MLP of width f (the dense MLP, or a MoE layer's shared expert) on the layer's
+    M tokens, its fc1 / activation / fc2 charged to `parts`: fc1 (gated: 2 f / t wide), the
+    activation streaming its input and output, fc2; under fp8 fc2's input is quantized (fc1's
+    comes fused from the norm), under NVFP4 fc1's too."""
+    M, h, t = x.M, x.h, x.t
+    fc1, act, fc2 = parts
+    if x.fp4:
+        P.quantize(fc1, M * h)
+    P.linear(fc1, M, f * glu / t, h)
+    P.stream(act, BYTES_16BIT * M * f / t * (glu + 1), 1, HOST_KERNELS["activation"])
+    if x.fp8:
+        P.quantize(fc2, M * f / t)
+    P.linear(fc2, M, h, f / t)
 
 
 def recomputed_parts(s: Strategy):
