@@ -14,9 +14,8 @@ import math
 from ..errors import InvalidStrategy
 from ..specs.hardware import GPUProfile
 from ..strategy import Strategy
-from .activations import NVFP4_BYTES_PER_ELEMENT
+from .activations import BYTES_16BIT, NVFP4_BYTES_PER_ELEMENT
 
-BYTES_16BIT = 2
 # MXFP8 GEMMs need Blackwell tensor cores (sm100): Transformer Engine refuses the MXFP8 recipe
 # below it (transformer_engine/pytorch/quantization.py check_mxfp8_support: "MXFP8 ... only
 # supported on Blackwell"); NVFP4 likewise (check_nvfp4_support, sm100+) - a profile says so by

@@ -3,9 +3,9 @@ collective, and which terms make one plan beat another."""
 
 from __future__ import annotations
 
+from ..units import GIB
 from ..estimate import Estimate
 
-GIB = 2**30
 BAR_WIDTH = 30
 STATES = ("parameters", "gradients", "optimizer", "activations", "buffers")
 STATE_MARKS = {"parameters": ("P", "blue"), "gradients": ("G", "yellow"), "optimizer": ("O", "green"),

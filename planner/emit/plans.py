@@ -4,11 +4,11 @@ no plan fits."""
 
 from __future__ import annotations
 
+from ..units import GIB
 from ..search.objective import Figures, figures
 from .explain import differing_terms
 from .report import compress_runs, estimate_to_dict
 
-GIB = 2**30
 # The GPUs-needed hint: bf16 parameters (2 bytes), fp32 gradients (4), fp32 main parameters and
 # two Adam moments (12) per parameter, Megatron-LM's distributed-optimizer table
 # (docs/source/api-guide/dist_optimizer.md, "fp16 param, fp32 grads"), unsharded by ZeRO...

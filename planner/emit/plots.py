@@ -10,11 +10,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..units import GIB
 from ..errors import PlannerError
 from ..estimate import Estimate
 from ..cost.timeline import simulate
 
-GIB = 2**30
 COLORS = {"F": "#4C72B0", "B": "#DD8452", "W": "#55A868"}
 STATE_COLORS = {"parameters": "#4C72B0", "gradients": "#DD8452", "optimizer": "#55A868",
                 "activations": "#C44E52", "buffers": "#8172B3"}

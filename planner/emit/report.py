@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+from ..units import GIB
 from ..estimate import Estimate
 from ..strategy import Strategy
 
-GIB = 2**30
 
 
 def strategy_to_dict(s: Strategy, model=None, stage_groups=None) -> dict:

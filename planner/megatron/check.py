@@ -7,13 +7,13 @@ import os
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
+from ..units import GIB
 from ..errors import InvalidStrategy, SpecError
 from ..strategy import Strategy
 
 if TYPE_CHECKING:
     from .launch import MegatronLaunch
 
-GIB = 2**30
 
 
 def _annotate(kind: str, msg: str, file: str | None) -> None:

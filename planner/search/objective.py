@@ -11,6 +11,7 @@ import math
 import re
 from dataclasses import dataclass
 
+from ..units import GIB
 from ..errors import PlannerError, SpecError
 from ..specs.cluster import ClusterSpec
 from ..strategy import Strategy
@@ -23,7 +24,6 @@ MIN_GPU_FRACTION = 0.5
 SECONDS_PER_HOUR = 3600.0
 SECONDS_PER_DAY = 86400.0
 TOKENS_PER_MILLION = 1e6
-GIB = 2**30
 # Peak memory is compared at the precision the plan table prints it (GiB to one decimal): two
 # plans whose peaks differ by less are one choice on memory (a few MiB are below what the
 # allocator's fragmentation alone moves, and below anything a user can act on).
