@@ -12,6 +12,7 @@ from .specs.cluster import ClusterSpec, NodeGroup
 from .specs.model import ModelSpec
 from .strategy import Strategy, check_structure
 from .cost import compute as C
+from .cost import kernels
 from .cost import parallel as P
 from .cost.memory import StageMemory, fully_recomputed_layers, stage_memory, stage_params
 from .cost.moe_schedule import NO_A2A
@@ -81,7 +82,7 @@ class Estimate:
 
     @property
     def mfu_basis(self) -> str:
-        dts = {C.mfu_peak_dtype(g.gpu) for g in self.cluster.node_groups if g.name in
+        dts = {kernels.mfu_peak_dtype(g.gpu) for g in self.cluster.node_groups if g.name in
                {x for gs in self.stage_groups for x in gs.split("+")}}
         return "/".join(sorted(dts)) + " dense peak"
 
@@ -337,9 +338,9 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, s: Strategy) -> Estimate:
     hf = C.hardware_flops_per_step(model, s, mf, recomputed)
     # MFU is quoted against the dense 16-bit peak even for fp8 runs (the convention of
     # published figures, e.g. Megatron-Bridge's performance tables); the GEMM-dtype peak too
-    peak_total = sum(min(g.gpu.peak(C.mfu_peak_dtype(g.gpu)) for g in groups) * s.gpus_per_stage
+    peak_total = sum(min(g.gpu.peak(kernels.mfu_peak_dtype(g.gpu)) for g in groups) * s.gpus_per_stage
                      for groups in stage_groups)
-    gemm_peak = sum(min(g.gpu.peak(C.gemm_dtype(s, g.gpu)) for g in groups) * s.gpus_per_stage
+    gemm_peak = sum(min(g.gpu.peak(kernels.gemm_dtype(s, g.gpu)) for g in groups) * s.gpus_per_stage
                     for groups in stage_groups)
     return Estimate(model=model, cluster=cluster, strategy=s, memory=tuple(memory), stage_times=tuple(times),
                     communication=tuple(ledger), step_time_s=step, breakdown=breakdown,

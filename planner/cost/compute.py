@@ -21,10 +21,8 @@ from ..specs.hardware import GPUProfile
 from ..specs.model import ModelSpec
 from ..strategy import Strategy
 from .activations import attention_on_gpu, expert_tokens_per_rank
-# the kernels a layer is made of (re-exported: estimate and the search's bounds read the dtypes
-# as compute.gemm_dtype / compute.mfu_peak_dtype)
-from .kernels import (BYTES_16BIT, FP8_CAST_BYTES, gemm_dtype, gemm_time, high_precision_dtype,  # noqa: F401
-                      mfu_peak_dtype, precision_problem, quantization_pass, stream_time)
+from .kernels import (BYTES_16BIT, FP8_CAST_BYTES, gemm_dtype, gemm_time, high_precision_dtype, quantization_pass,
+                      stream_time)
 from .moe_schedule import MoENodes, ScheduleNode
 
 # Flash-attention backward does 5 matmuls to the forward's 2 (it recomputes P): 2.5x forward FLOPs
