@@ -521,7 +521,7 @@ def test_bundled_example_reproduces_the_committed_calibration_and_readme(tmp_pat
 def test_every_collective_is_fitted_through_the_communication_model(tmp_path, coll, nodes, gpn):
     """On the calibrated cluster the planner's own model gives each test's large-message time."""
     from planner.cost.comm import collective_time, group_link, p2p_link
-    from planner.calibrate.fit import busbw_factor
+    from planner.calibrate.fit_model import busbw_factor
     lines = nccl_output(coll, nodes, gpn, 40.0, 25.0)
     f = write(tmp_path / f"{coll}_perf.txt", lines)
     rc, doc, out = run(tmp_path, nccl=[(f, nodes, gpn if gpn != 8 else None)])

@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from planner.estimate import estimate  # noqa: E402
-from planner.megatron.launch import GPT2_BPE_VOCAB_SIZE  # noqa: E402
+from planner.megatron.tokenizers import GPT2_BPE_VOCAB_SIZE  # noqa: E402
 from planner.specs.cluster import cluster_from_dict  # noqa: E402
 
 DATA = ROOT / "validation" / "data"

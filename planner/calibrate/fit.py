@@ -19,7 +19,7 @@ loader uses, so the fit stays right when the model changes.
   gap between the measured max allocated and the planner's predicted peak, per GPU kind.
 
 The fits live in fit_nccl.py, fit_logs.py and fit_memory.py, the pieces they share in
-fit_model.py; this module runs them together and is where other code imports from.
+fit_model.py; this module runs them together.
 """
 
 from __future__ import annotations
@@ -27,12 +27,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..specs.calibration import Calibration, Key, Source, Value, all_keys, format_value, parse_value
-from .fit_logs import (FLOPS_AGREEMENT, JACOBIAN_STEP, MAX_REL_STDERR, MAX_RESIDUAL_AT_BOUND,  # noqa: F401
-                       MODEL_TIME_ERROR, LogCase, LogInput, fit_logs, log_case, log_date, step_time)
+from .fit_logs import LogInput, fit_logs, log_case, log_date, step_time
 from .fit_memory import fit_memory
-from .fit_model import LEVEL_ORDER, MIN_BUS_OVER_LINE_RATE, busbw_factor, cluster_with  # noqa: F401
-from .fit_nccl import (BUSBW_FACTOR_TOLERANCE, LARGE_MESSAGE_BYTES, LATENCY_REGIME_BANDWIDTH_SHARE,  # noqa: F401
-                       NCCL_ALTERNATIONS, NcclCase, NcclInput, fit_nccl, model_busbw, model_time, nccl_cases)
+from .fit_model import LEVEL_ORDER, cluster_with
+from .fit_nccl import NcclInput, fit_nccl, model_busbw, nccl_cases
 
 
 @dataclass

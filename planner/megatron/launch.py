@@ -25,10 +25,9 @@ from ..specs.model import ModelSpec
 from ..strategy import Strategy
 from .flags import ParsedFlags, parse_flags, table
 from .launch_errors import InvalidLaunch, clean_unknown_name, unknown_value_error
-from .launcher import GPT_ENTRIES, OTHER_FAMILIES, find_launch, refuse_other_family  # noqa: F401
-from .model_from_flags import UNREAD_SOURCE, model_from_flags, unknown_holders  # noqa: F401
-from .strategy_from_flags import ATTENTION_BACKEND_FUSED, FSDP_ZERO_STAGE, strategy_from_flags  # noqa: F401
-from .tokenizers import GPT2_BPE_VOCAB_SIZE, SENTENCEPIECE_TYPES, vocab_flag, vocab_of  # noqa: F401 (re-exported)
+from .launcher import GPT_ENTRIES, find_launch, refuse_other_family
+from .model_from_flags import model_from_flags, unknown_holders
+from .strategy_from_flags import strategy_from_flags
 
 MAX_LAUNCH_BYTES = 1_000_000
 # The caching allocator's settings; PyTorch reads PYTORCH_ALLOC_CONF first, then the older name
