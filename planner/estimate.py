@@ -186,15 +186,18 @@ def _clear_layer_times() -> None:
 layer_time_of.cache_clear = _clear_layer_times   # as for an lru_cache (validation refits clear it)
 
 
-# The Strategy fields a layer's compute time depends on (cost/compute.py layer_time), and those
-# of them only a MoE layer reads: the cache key of layer times. tests/test_layer_time_key.py
-# records every field layer_time reads and fails if one is missing here.
+# The Strategy fields a layer's time depends on (cost/compute.py layer_time, and for a MoE layer
+# the schedule of its all-to-alls, cost/parallel.py moe_layer_floor), and those of them only a
+# MoE layer reads: the cache key of layer times and of the search's per-layer bounds.
+# tests/test_layer_time_key.py records every field layer_time reads and fails if one is missing.
 LAYER_TIME_FIELDS = ("tp", "cp", "ep", "etp", "micro_batch_size", "seq_length", "recompute", "sequence_parallel",
                      "precision", "fused_attention", "recompute_modules", "fp8_recipe", "moe_token_dispatcher_type",
                      "moe_pad_expert_input_to_capacity", "cuda_graph_impl", "cuda_graph_scope", "tp_comm_overlap",
-                     "moe_flex_dispatcher_num_sms")
+                     "moe_flex_dispatcher_num_sms", "overlap_moe_expert_parallel_comm", "delay_wgrad_compute",
+                     "moe_shared_expert_overlap")
 MOE_ONLY_LAYER_TIME_FIELDS = frozenset({"ep", "etp", "moe_token_dispatcher_type", "moe_pad_expert_input_to_capacity",
-                                        "moe_flex_dispatcher_num_sms"})
+                                        "moe_flex_dispatcher_num_sms", "overlap_moe_expert_parallel_comm",
+                                        "delay_wgrad_compute", "moe_shared_expert_overlap"})
 _DENSE_TIME_KEY_FIELDS = tuple(f for f in LAYER_TIME_FIELDS if f not in MOE_ONLY_LAYER_TIME_FIELDS)
 
 

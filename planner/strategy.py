@@ -159,10 +159,21 @@ class Strategy:
 
     @property
     def recompute_label(self) -> str:
-        """'none' | 'selective' | 'full' | 'full k/chunk' (block method on k layers per chunk)."""
+        """'none' | 'selective' | 'selective <modules>' (other than Megatron's default core_attn) |
+        'full' | 'full k/chunk' (block method on k layers per chunk)."""
         if self.recompute == "full" and self.recompute_num_layers is not None:
             return f"full {self.recompute_num_layers}/chunk"
+        if self.recompute == "selective" and tuple(self.recompute_modules) != ("core_attn",):
+            return "selective " + "+".join(self.recompute_modules)
         return self.recompute
+
+    @property
+    def moe_overlap_label(self) -> str:
+        """The MoE communication overlap it runs: 'a2a 1F1B' (--overlap-moe-expert-parallel-comm),
+        'shared' (--moe-shared-expert-overlap) or '-'."""
+        if self.overlap_moe_expert_parallel_comm:
+            return "a2a 1F1B" + (" +wgrad" if self.delay_wgrad_compute else "")
+        return "shared" if self.moe_shared_expert_overlap else "-"
 
     def with_(self, **kw) -> "Strategy":
         """dataclasses.replace(self, **kw), without running __init__ over every field (the

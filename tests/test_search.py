@@ -20,7 +20,7 @@ from planner.search.planner import (MICRO_BATCHES, VPP_CHOICES, GpuBudget, Searc
                                     stage_layouts)
 from planner.search.results import Plans
 from planner.search.screen import memory_screen
-from planner.search.space import execution_of
+from planner.search.space import execution_of, layer_executions
 from planner.search.split import initial_split, with_split
 from planner.search.sweep import run_one
 from planner.specs.cluster import cluster_from_dict
@@ -83,19 +83,21 @@ def _space(model, cluster, o):
                     for vpp in VPP_CHOICES:
                         if vpp > 1 and (pp < 2 or m % pp or not o.uneven_chunks and model.num_layers % vpp):
                             continue
-                        for rec in o.recompute:
+                        for kind in layer_executions(model, o, ep):
+                            if kind.ep_overlap and pp > 1 and vpp == 1:
+                                continue   # Megatron: the EP overlap needs a virtual pipeline
                             for z in o.zero_stages:
                                 s = Strategy(
                                     tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, etp=etp, vpp=vpp,
                                     micro_batch_size=mbs, global_batch_size=o.global_batch_size,
-                                    seq_length=o.seq_length, recompute=rec, sequence_parallel=tp > 1,
-                                    zero_stage=z, precision=o.precision, **execution_of(model, o, cluster),
+                                    seq_length=o.seq_length, sequence_parallel=tp > 1,
+                                    zero_stage=z, precision=o.precision, **_execution(model, o, cluster, kind),
                                     schedule="interleaved" if vpp > 1 else "1f1b",
                                     stage_node_groups=groups if cluster.is_heterogeneous else None,
                                     overlap_grad_reduce=True, overlap_param_gather=z >= 1)
-                                for split in _splits(model.num_layers, pp, vpp, o.uneven_chunks):
-                                    yield with_split(s, split)
-                                if rec != "full":
+                                if not kind.block:
+                                    for split in _splits(model.num_layers, pp, vpp, o.uneven_chunks):
+                                        yield with_split(s, split)
                                     continue
                                 # full recompute of k layers per chunk: on the starting split only
                                 # (the search's definition; the partition is not re-solved for it)
@@ -104,6 +106,12 @@ def _space(model, cluster, o):
                                     per_chunk = min(split or s.stage_layers(model)) // vpp
                                     for k in range(1, per_chunk):
                                         yield s.with_(recompute_num_layers=k, layers_per_stage=split)
+
+
+def _execution(model, o, cluster, kind):
+    """The Strategy fields of a LayerExecution, with the search's other execution settings."""
+    ex = execution_of(model, o, cluster)
+    return {**ex, **kind.fields(ex["moe_shared_expert_overlap"])}
 
 
 def assert_bounds(bounds, cluster, s, plain, e, extra_s=None, budget=GpuBudget()):
@@ -124,13 +132,19 @@ def assert_bounds(bounds, cluster, s, plain, e, extra_s=None, budget=GpuBudget()
         assert child <= cand * (1 + 1e-9)   # the closed form without whole layers
 
 
+# Strategy fields a family carries from the search's execution settings and its LayerExecution
+_EXECUTION_FIELDS = ("recompute_modules", "fp8_recipe", "overlap_moe_expert_parallel_comm", "delay_wgrad_compute",
+                     "moe_shared_expert_overlap")
+
+
 def _assert_family_screen_passes(model, cluster, s, uneven, budget=GpuBudget()):
     """The family memory screen never rules out a strategy that fits."""
     block = s.recompute_num_layers is not None
     base = Strategy(tp=s.tp, pp=s.pp, dp=s.dp, cp=s.cp, ep=s.ep, etp=s.etp, micro_batch_size=s.micro_batch_size,
                     global_batch_size=s.global_batch_size, seq_length=s.seq_length,
                     recompute="none" if block else s.recompute, sequence_parallel=s.tp > 1,
-                    precision=s.precision, overlap_grad_reduce=True)
+                    precision=s.precision, overlap_grad_reduce=True,
+                    **{f: getattr(s, f) for f in _EXECUTION_FIELDS})
     [fits], [peak_lb] = _screen_families(model, cluster, [base], block, (s.vpp,), (s.zero_stage,), uneven,
                                           stage_layouts(cluster, s.gpus_per_stage, s.pp, budget))
     assert fits, s
@@ -248,6 +262,24 @@ def test_moe_parallel_folding_against_brute_force(model, cluster):
     space = list(enumerate_space(model, cluster, o))
     assert any(etp not in (1, tp) for tp, _, _, _, _, etp in space)     # expert-TP beyond {1, tp}
     assert any(ep > dp for _, _, _, dp, ep, _ in space)                 # EP folded over TP ranks
+    best, n_fit, n_all, _ = _brute_force(model, cluster, o)
+    assert 0 < n_fit < n_all
+    r = search(model, cluster, o)
+    assert r.plans[0].step_time_s == pytest.approx(best.step_time_s, rel=1e-9), (r.plans[0].strategy, best.strategy)
+    _assert_counts_add_up(r)
+
+
+@pytest.mark.parametrize("model,cluster", [(MOE, HOMOGENEOUS), (MOE_DENSE_FIRST, MIXED)],
+                         ids=["all-moe", "dense-first-h100+a100"])
+def test_moe_execution_choices_against_brute_force(model, cluster):
+    """Selective recompute module sets and the EP all-to-all overlap are families of the space:
+    the top plan is the brute-force optimum over them, and both are in the space."""
+    o = replace(OPTIONS, recompute=("none", "selective", "full"), zero_stages=(1,), partial_recompute=False)
+    space = list(_space(model, cluster, o))
+    assert any(s.overlap_moe_expert_parallel_comm and s.delay_wgrad_compute and not s.moe_shared_expert_overlap
+               for s in space)
+    assert {s.recompute_modules for s in space if s.recompute == "selective"} == {
+        ("core_attn",), ("moe_act",), ("layernorm", "moe_act")}
     best, n_fit, n_all, _ = _brute_force(model, cluster, o)
     assert 0 < n_fit < n_all
     r = search(model, cluster, o)

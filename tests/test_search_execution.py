@@ -46,3 +46,47 @@ def test_the_launch_carries_it_and_megatron_rules_accept_it_only_with_alltoall_o
     gathered = megatron_args(DEEPSEEK, replace(s, moe_token_dispatcher_type="allgather"))
     rules = {v.rule for v in megatron_violations(parse_words(gathered, "emitted", world_size=s.world_size))}
     assert "shared-expert-overlap" in rules
+
+
+QWEN3 = load_model_ref("qwen3-235b-a22b")
+
+
+@pytest.mark.parametrize("modules,ep_overlap", [(("layernorm", "moe_act"), True), (("moe_act",), False),
+                                                (("core_attn",), True)])
+def test_execution_choices_emit_a_launch_megatron_accepts_and_read_back_to_the_same_numbers(modules, ep_overlap):
+    """What a family of the search sets (search/space.py LayerExecution) is emitted, passes
+    Megatron's rules, and the launch read back prices the same step and memory."""
+    from planner.search.space import LayerExecution
+    kind = LayerExecution("selective", modules, ep_overlap=ep_overlap)
+    s = Strategy(tp=2, pp=8, dp=16, ep=32, etp=1, vpp=2, micro_batch_size=1, global_batch_size=2048, seq_length=4096,
+                 precision="fp8", fp8_recipe="tensorwise", overlap_grad_reduce=True, layers_per_stage=(12,) * 7 + (10,),
+                 **kind.fields(shared_overlap=True))
+    cluster = H800
+    args = megatron_args(QWEN3, s)
+    assert ("--overlap-moe-expert-parallel-comm" in args) == ep_overlap
+    assert ("--delay-wgrad-compute" in args) == ep_overlap
+    if modules != ("core_attn",):
+        i = args.index("--recompute-modules")
+        assert tuple(args[i + 1:i + 1 + len(modules)]) == modules
+    launch = parse_words(args, "emitted", world_size=s.world_size)
+    assert megatron_violations(launch, QWEN3) == []
+    back = launch.strategy
+    assert (back.recompute, back.recompute_modules, back.overlap_moe_expert_parallel_comm,
+            back.delay_wgrad_compute) == ("selective", modules, ep_overlap, ep_overlap)
+    a, b = estimate(QWEN3, cluster, s), estimate(QWEN3, cluster, back.with_(stage_node_groups=s.stage_node_groups))
+    assert b.step_time_s == pytest.approx(a.step_time_s, rel=1e-12)
+    assert b.peak_memory.total == pytest.approx(a.peak_memory.total, rel=1e-12)
+
+
+def test_the_ep_overlap_is_offered_only_where_megatron_accepts_it():
+    """EP > 1, no full or block recompute, at most one MTP layer; never with the shared-expert
+    overlap; with pp > 1 only at vpp > 1 (search/space.py family_specs)."""
+    from planner.search.space import layer_executions
+    o = SearchOptions(global_batch_size=1024, seq_length=4096)
+    assert not any(k.ep_overlap for k in layer_executions(QWEN3, o, 1))
+    kinds = layer_executions(QWEN3, o, 8)
+    assert {k.recompute for k in kinds if k.ep_overlap} == {"none", "selective"}
+    assert all(not k.fields(True)["moe_shared_expert_overlap"] for k in kinds if k.ep_overlap)
+    assert not any(k.ep_overlap for k in layer_executions(QWEN3, replace(o, moe_ep_overlap=False), 8))
+    mtp2 = replace(DEEPSEEK, mtp_num_layers=2)
+    assert not any(k.ep_overlap for k in layer_executions(mtp2, o, 8))

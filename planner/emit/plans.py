@@ -201,6 +201,9 @@ def _plans_table(res, m, c, figs, priced, train_tokens, wide: bool):
     cols += ["days"] if train_tokens is not None else []
     cols += ["$ total"] if wide and priced and train_tokens is not None else []
     cols += ["TFLOP/s", "MFU"] if wide else ["MFU"]
+    moe = m.is_moe
+    if moe:   # the MoE communication overlap each plan runs, beside its recompute
+        cols.insert(cols.index("recompute") + 1, "MoE overlap")
     for col in cols:
         t.add_column(col, justify="right", overflow="fold")
     for k, (e, f) in enumerate(zip(res.plans, figs), 1):
@@ -217,6 +220,8 @@ def _plans_table(res, m, c, figs, priced, train_tokens, wide: bool):
                    f"{e.step_time_s:.3f}"] + ([] if priced else [f"{e.tokens_per_s:,.0f}"])
         row += cost_cells(f, priced, train_tokens, with_total=wide)
         row += ([f"{e.model_tflops_per_gpu:.0f}"] if wide else []) + [f"{e.mfu * 100:.1f}%"]
+        if moe:
+            row.insert(cols.index("MoE overlap"), s.moe_overlap_label)
         t.add_row(*row)
     return t
 

@@ -21,6 +21,13 @@ def strategy_to_dict(s: Strategy, model=None, stage_groups=None) -> dict:
         "overlap_grad_reduce": s.overlap_grad_reduce, "overlap_param_gather": s.overlap_param_gather,
         "offload_optimizer": s.offload_optimizer, "world_size": s.world_size,
         "chunk_layers": list(s.chunk_layers) if s.chunk_layers is not None else None,
+        "recompute_modules": list(s.recompute_modules) if s.recompute == "selective" else None,
+        "fp8_recipe": s.fp8_recipe if s.precision == "fp8" else None,
+        "fp8_param_gather": s.fp8_param_gather,
+        "moe_token_dispatcher_type": s.moe_token_dispatcher_type if s.ep > 1 else None,
+        "overlap_moe_expert_parallel_comm": s.overlap_moe_expert_parallel_comm,
+        "delay_wgrad_compute": s.delay_wgrad_compute,
+        "moe_shared_expert_overlap": s.moe_shared_expert_overlap,
     }
     if model is not None:
         stages = []

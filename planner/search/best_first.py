@@ -387,21 +387,22 @@ class _BestFirst:
         classes: dict = {}
         screen = self.screen = FamilyScreen(model, self.cluster, self.zero_opts, o.uneven_chunks, self.with_margin)
         specs = self.specs
-        for tp, cp, pp, dp, ep, etp, mbs, m, rec, block, vh, count in family_specs(model, self.cluster, o,
-                                                                                   self._layouts_of):
+        shared_overlap = execution.pop("moe_shared_expert_overlap")
+        for tp, cp, pp, dp, ep, etp, mbs, m, kind, vh, count in family_specs(model, self.cluster, o,
+                                                                             self._layouts_of):
             lkey = (tp * cp * dp, pp)
-            ckey = (tp, cp, ep, etp, mbs, "none" if block else rec)
+            ckey = (tp, cp, ep, etp, mbs, kind.time_class)
             cls = classes.get(ckey)
             if cls is None:
                 ts = Strategy(tp=tp, cp=cp, ep=ep, etp=etp, micro_batch_size=mbs,
                               global_batch_size=o.global_batch_size, seq_length=o.seq_length,
-                              recompute=ckey[5], sequence_parallel=tp > 1, precision=o.precision,
-                              **execution,
+                              sequence_parallel=tp > 1, precision=o.precision,
+                              **execution, **kind.time_class.fields(shared_overlap),
                               overlap_grad_reduce=True)
                 cls = classes[ckey] = _TimeClass(ts, time_key(ts))
             res.candidates += count
-            screen.add(cls.base, ckey, pp, dp, m, block, max(vh), self.layouts_cache[lkey].names)
-            specs.append(_FamilySpec(cls, pp, dp, block, vh, lkey, count, m))
+            screen.add(cls.base, ckey, pp, dp, m, kind.block, max(vh), self.layouts_cache[lkey].names)
+            specs.append(_FamilySpec(cls, pp, dp, kind.block, vh, lkey, count, m))
         self._queue_screened(*screen.run())
 
     def _queue_families_of(self, other: "_BestFirst") -> None:

@@ -48,6 +48,10 @@ class SearchOptions:
     # NVIDIA's Megatron-Bridge recipes train with on the cluster's GPUs (fp8_recipe_of)
     fp8_recipe: str | None = None
     recompute: tuple[str, ...] = ("none", "selective", "full")
+    # selective recompute: the --recompute-modules sets tried; None: selective_module_sets(model)
+    recompute_module_sets: tuple[tuple[str, ...], ...] | None = None
+    # MoE families with EP > 1 also run --overlap-moe-expert-parallel-comm --delay-wgrad-compute
+    moe_ep_overlap: bool = True
     zero_stages: tuple[int, ...] = (0, 1)
     schedules: tuple[str, ...] = ("1f1b", "interleaved")
     solver: str = "dp"                # dp | ilp | ilp-highs
@@ -108,6 +112,73 @@ def execution_of(model: ModelSpec, o: SearchOptions, cluster: ClusterSpec) -> di
     <= d + a), and Megatron accepts it with the alltoall dispatcher the search plans with."""
     return {"fp8_recipe": fp8_recipe_of(o, cluster),
             "moe_shared_expert_overlap": bool(model.is_moe and model.moe_shared_expert_intermediate_size)}
+
+
+# Selective recompute module sets (--recompute-modules) the search tries beyond Megatron's default
+# core_attn, from NVIDIA's MoE recipes: moe_act (Megatron-Bridge Qwen3 GB200 recipes),
+# layernorm + moe_act (Megatron-Core MoE Model Zoo, Qwen3-235B), mla_up_proj (Megatron-Bridge
+# DeepSeek-V3 B200 / GB200 recipes) and the three together on MLA MoE models. Each rebuilds
+# cheap tensors in backward (an activation, a norm, the MLA up-projections) for much of a layer's
+# activation memory; activations.py prices what each keeps, compute.py what it re-runs.
+MOE_SELECTIVE_SETS = (("moe_act",), ("layernorm", "moe_act"))
+MLA_SELECTIVE_SETS = (("mla_up_proj",),)
+MLA_MOE_SELECTIVE_SETS = (("mla_up_proj", "layernorm", "moe_act"),)
+
+
+def selective_module_sets(model: ModelSpec) -> tuple[tuple[str, ...], ...]:
+    """The --recompute-modules sets a selective family of `model` may use."""
+    sets = [("core_attn",)]
+    if model.is_moe:
+        sets += MOE_SELECTIVE_SETS
+    if model.multi_latent_attention:
+        sets += MLA_SELECTIVE_SETS
+        if model.is_moe:
+            sets += MLA_MOE_SELECTIVE_SETS
+    return tuple(sets)
+
+
+@dataclass(frozen=True)
+class LayerExecution:
+    """How a family's layers run beyond its degrees and micro-batch: its recompute and the MoE
+    execution choice that changes a layer's time and memory. A block family (full recompute of
+    k layers per chunk) is bounded and screened as its time class, 'none'."""
+    recompute: str = "none"                              # none | selective | full
+    recompute_modules: tuple[str, ...] = ("core_attn",)  # with selective
+    # --overlap-moe-expert-parallel-comm with --delay-wgrad-compute (Megatron's 1F1B all-to-all
+    # overlap: a micro-batch's forward beside another's backward; it excludes the shared-expert
+    # overlap)
+    ep_overlap: bool = False
+    block: bool = False
+
+    @property
+    def time_class(self) -> "LayerExecution":
+        """What the family's bounds and screens price: a block family as recompute 'none'."""
+        return LayerExecution() if self.block else self
+
+    def fields(self, shared_overlap: bool) -> dict:
+        """The Strategy fields it sets (shared_overlap: the search's --moe-shared-expert-overlap)."""
+        return {"recompute": self.recompute,
+                "recompute_modules": self.recompute_modules if self.recompute == "selective" else ("core_attn",),
+                "overlap_moe_expert_parallel_comm": self.ep_overlap, "delay_wgrad_compute": self.ep_overlap,
+                "moe_shared_expert_overlap": shared_overlap and not self.ep_overlap}
+
+
+def layer_executions(model: ModelSpec, o: SearchOptions, ep: int) -> list[LayerExecution]:
+    """The LayerExecutions of families with expert-parallel size ep: o's recompute kinds (each
+    selective module set of o.recompute_module_sets or selective_module_sets), a block kind
+    with "full" (o.partial_recompute), and each kind but full recompute with the EP overlap
+    where Megatron allows it (EP > 1, at most one MTP layer: transformer_config.py)."""
+    fixed = dict(o.fixed)
+    recs = [fixed["recompute"]] if "recompute" in fixed else list(o.recompute)
+    sets = o.recompute_module_sets or selective_module_sets(model)
+    out = []
+    for rec in recs:
+        out += [LayerExecution("selective", m) for m in sets] if rec == "selective" else [LayerExecution(rec)]
+    if "full" in recs and o.partial_recompute and "recompute" not in fixed:
+        out.append(LayerExecution("full", block=True))
+    if o.moe_ep_overlap and model.is_moe and ep > 1 and (model.mtp_num_layers or 0) <= 1:
+        out += [replace(k, ep_overlap=True) for k in out if k.recompute != "full"]
+    return out
 
 
 @dataclass
@@ -325,20 +396,22 @@ def zero_options(o: SearchOptions) -> list[int]:
 
 
 def family_specs(model: ModelSpec, cluster: ClusterSpec, o: SearchOptions, layouts_of):
-    """Every family of the space: (tp, cp, pp, dp, ep, etp, mbs, micro-batches, recompute,
-    block, vpps, candidates). `layouts_of(per_stage, pp)` gives the stage orders a pipeline of
-    that shape has under o's GPU budget (0: none)."""
+    """Every family of the space: (tp, cp, pp, dp, ep, etp, mbs, micro-batches, LayerExecution,
+    vpps, candidates). `layouts_of(per_stage, pp)` gives the stage orders a pipeline of that
+    shape has under o's GPU budget (0: none)."""
     fixed = dict(o.fixed)
     L = model.num_layers
     mbs_opts = [fixed["mbs"]] if "mbs" in fixed else list(MICRO_BATCHES)
-    rec_opts = [fixed["recompute"]] if "recompute" in fixed else list(o.recompute)
     n_zero = len(zero_options(o))
     vpp_opts = [fixed["vpp"]] if "vpp" in fixed else list(VPP_CHOICES)
-    block_ok = "full" in rec_opts and o.partial_recompute and "recompute" not in fixed
+    kinds_of = {}
     for tp, cp, pp, dp, ep, etp in enumerate_space(model, cluster, o):
         n_orders = layouts_of(tp * cp * dp, pp)
         if not n_orders:
             continue
+        kinds = kinds_of.get(ep)
+        if kinds is None:
+            kinds = kinds_of[ep] = layer_executions(model, o, ep)
         for mbs in mbs_opts:
             if o.global_batch_size % (mbs * dp):
                 continue
@@ -346,14 +419,17 @@ def family_specs(model: ModelSpec, cluster: ClusterSpec, o: SearchOptions, layou
             vpps = [v for v in vpp_opts
                     if v == 1 or (pp >= 2 and m % pp == 0 and "interleaved" in o.schedules
                                   and L >= pp * v and (o.uneven_chunks or L % v == 0))]
-            for rec in rec_opts + (["block"] if block_ok else []):
-                block = rec == "block"
-                # a block family is bounded as if nothing were recomputed (its candidates add the
-                # recompute of their k layers per chunk); its chunks stay even
-                vh = tuple(v for v in vpps if L % v == 0 and L // pp // v >= 2) if block else tuple(vpps)
+            for kind in kinds:
+                vh = tuple(vpps)
+                if kind.block:
+                    # a block family is bounded as if nothing were recomputed (its candidates add
+                    # the recompute of their k layers per chunk); its chunks stay even
+                    vh = tuple(v for v in vpps if L % v == 0 and L // pp // v >= 2)
+                elif kind.ep_overlap and pp > 1:
+                    vh = tuple(v for v in vpps if v > 1)   # Megatron: a virtual pipeline when pp > 1
                 count = n_orders * len(vh) * n_zero
                 if count:
-                    yield tp, cp, pp, dp, ep, etp, mbs, m, rec, block, vh, count
+                    yield tp, cp, pp, dp, ep, etp, mbs, m, kind, vh, count
 
 
 def space_worlds(model: ModelSpec, cluster: ClusterSpec, o: SearchOptions) -> dict[int, int]:
