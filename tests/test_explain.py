@@ -153,3 +153,27 @@ def test_plan_compare_with_prices_the_launch_run_today(tmp_path):
     assert r.returncode == 0 and "x the speed of" in r.stdout and "the terms that differ" in r.stdout
     r = _cli(*base, str(tmp_path / "nope.sh"))
     assert r.returncode == 2 and "Traceback" not in r.stderr and "nope.sh" in r.stderr
+
+
+def test_plan_compare_with_plans_with_the_launchs_recipe_settings(tmp_path):
+    """The compared launch's training-recipe settings (fp8 parameter all-gather, the
+    precision-aware optimizer's dtypes) are planned with, and said so in text and JSON."""
+    launch = tmp_path / "today.sh"
+    launch.write_text(
+        "torchrun --nproc-per-node 8 pretrain_gpt.py --num-layers 32 --hidden-size 4096 --ffn-hidden-size 14336 "
+        "--num-attention-heads 32 --group-query-attention --num-query-groups 8 --seq-length 4096 "
+        "--max-position-embeddings 8192 --swiglu --normalization RMSNorm --untie-embeddings-and-output-weights "
+        "--position-embedding-type rope --disable-bias-linear --vocab-size 128256 --bf16 "
+        "--use-distributed-optimizer --tensor-model-parallel-size 2 --micro-batch-size 1 --global-batch-size 128 "
+        "--fp8-format hybrid --fp8-recipe tensorwise --fp8-param-gather --use-precision-aware-optimizer "
+        "--exp-avg-dtype bf16 --exp-avg-sq-dtype bf16\n")
+    base = ["plan", "--model", "llama3-8b", "--cluster", "dgx-h100-x8", "--global-batch-size", "128",
+            "--seq-length", "4096", "--precision", "fp8", "--compare-with", str(launch), "--top", "1"]
+    r = _cli(*base)
+    assert r.returncode == 0, r.stderr
+    assert "planned with its recipe settings: fp8_param_gather on, use_precision_aware_optimizer on" in r.stdout
+    doc = json.loads(_cli(*base, "--json").stdout)
+    assert doc["compare_with"]["settings_planned_with"]["exp_avg_dtype"] == "bf16"
+    plan = doc["plans"][0]["plan"]
+    assert plan["fp8_param_gather"] is True and plan["zero_stage"] >= 1
+    assert doc["compare_with"]["top_plan_speedup"] >= 1.0

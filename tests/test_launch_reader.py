@@ -250,6 +250,17 @@ def test_training_state_dtypes_offload_and_recompute_modules():
     assert {"dtype-needs-precision-aware", "cpu-offload-needs-precision-aware"} <= v
 
 
+@pytest.mark.parametrize("flags,rule", [
+    ("--fp8-format hybrid --fp8-param-gather", "fp8-param-gather-needs-dist-opt"),
+    ("--use-precision-aware-optimizer", "precision-aware-needs-dist-opt")])
+def test_fp8_param_gather_and_the_precision_aware_optimizer_need_the_distributed_optimizer(flags, rule):
+    """arguments.py (--fp8-param-gather) and get_megatron_optimizer (the precision-aware
+    optimizer) refuse them without the distributed optimizer; Megatron-FSDP turns it on."""
+    assert rule in {x.rule for x in megatron_violations(_flags(flags))}
+    for with_it in ("--use-distributed-optimizer", "--use-megatron-fsdp --ckpt-format fsdp_dtensor"):
+        assert rule not in {x.rule for x in megatron_violations(_flags(flags + " " + with_it))}
+
+
 def test_attention_backend_and_transformer_impl():
     L = _flags()
     assert L.strategy.fused_attention and any("auto" in n for n in L.notes)        # Megatron's default, said

@@ -90,3 +90,41 @@ def test_the_ep_overlap_is_offered_only_where_megatron_accepts_it():
     assert not any(k.ep_overlap for k in layer_executions(QWEN3, replace(o, moe_ep_overlap=False), 8))
     mtp2 = replace(DEEPSEEK, mtp_num_layers=2)
     assert not any(k.ep_overlap for k in layer_executions(mtp2, o, 8))
+
+
+RECIPE_FLAGS = ("--num-layers 32 --hidden-size 4096 --ffn-hidden-size 14336 --num-attention-heads 32 "
+                "--group-query-attention --num-query-groups 8 --seq-length 4096 --max-position-embeddings 8192 "
+                "--swiglu --normalization RMSNorm --untie-embeddings-and-output-weights --position-embedding-type rope "
+                "--disable-bias-linear --vocab-size 128256 --bf16 --use-distributed-optimizer "
+                "--tensor-model-parallel-size 4 --micro-batch-size 1 --global-batch-size 128 "
+                "--fp8-format hybrid --fp8-recipe tensorwise --fp8-param-gather --use-precision-aware-optimizer "
+                "--exp-avg-dtype bf16 --exp-avg-sq-dtype bf16 --grad-reduce-in-bf16")
+
+
+def test_a_compared_launchs_recipe_settings_are_planned_with():
+    """With --compare-with a launch, every plan carries the launch's training-recipe settings
+    (search/space.py recipe_settings): no ZeRO-0 plan (they need the distributed optimizer),
+    and the emitted launches pass Megatron's rules."""
+    from planner.megatron.emit import checked_args
+    from planner.search.planner import search
+    from planner.search.space import recipe_settings
+    launch = parse_words(RECIPE_FLAGS.split(), "today", world_size=8)
+    settings = dict(recipe_settings(launch.strategy, "fp8"))
+    assert settings == {"fp8_param_gather": True, "use_precision_aware_optimizer": True, "exp_avg_dtype": "bf16",
+                        "exp_avg_sq_dtype": "bf16", "grad_reduce_in_bf16": True}
+    assert "fp8_param_gather" not in dict(recipe_settings(launch.strategy, "bf16"))   # bf16 plans: no fp8 copies
+    model, cluster = load_model_ref("llama3-8b"), load_cluster_ref("dgx-h100-x8")
+    o = SearchOptions(global_batch_size=128, seq_length=4096, top=3, precision="fp8", zero_stages=(0, 1),
+                      settings=tuple(settings.items()))
+    r = search(model, cluster, o)
+    assert r.plans
+    for e in r.plans:
+        s = e.strategy
+        assert all(getattr(s, k) == v for k, v in settings.items()) and s.zero_stage >= 1
+        args = checked_args(model, s)
+        assert "--fp8-param-gather" in args and "--use-precision-aware-optimizer" in args
+        assert megatron_violations(parse_words(args, "emitted", world_size=s.world_size), model) == []
+    # they are priced: the same plan without them keeps fp32 moments
+    s0 = r.plans[0].strategy
+    without = estimate(model, cluster, s0.with_(**{k: getattr(Strategy(), k) for k in settings}))
+    assert without.peak_memory.optimizer > r.plans[0].peak_memory.optimizer

@@ -68,6 +68,7 @@ def plan(
     from ..emit.writer import check_out_folder
     from ..estimate import estimate as run_estimate
     from ..search.planner import SearchOptions   # numpy
+    from ..search.space import recipe_settings
     from ..search.sweep import default_jobs
     check_precision(precision)
     check_fp8_recipe(fp8_recipe, precision)
@@ -84,13 +85,20 @@ def plan(
     budget_options(gpus, max_gpus, min_gpu_fraction, c)
     check_precision_on_cluster(precision, c, fp8_recipe)
     check_objective(c, ch.objective, charge_idle)
+    compared, settings = None, ()
+    if compare_with is not None:
+        # read before the search (a bad file fails at once); its recipe settings are planned with
+        om, os_ = load_plan_or_launch(compare_with, c, model if os.path.isfile(str(model)) else None)
+        compared = (compare_with, run_estimate(om, c, os_))
+        settings = recipe_settings(os_, precision)
     opts = SearchOptions(global_batch_size=global_batch_size, seq_length=seq_length, top=top,
                          fixed=ch.fixed, precision=precision, fp8_recipe=fp8_recipe, zero_stages=ch.zero_stages,
                          solver=solver,
                          time_limit_s=time_limit, allow_tp_across_nodes=allow_tp_across_nodes,
                          uneven_chunks=uneven_chunks, gpus=gpus, max_gpus=max_gpus,
                          min_gpu_fraction=min_gpu_fraction, objective=ch.objective, charge_idle=charge_idle,
-                         keep_dominated=all_plans, allow_tight=allow_tight, jobs=jobs or default_jobs())
+                         keep_dominated=all_plans, allow_tight=allow_tight, jobs=jobs or default_jobs(),
+                         settings=settings)
     res = _search(m, c, opts, as_json)
     info = search_info(res, opts)
     if not res.plans:
@@ -100,10 +108,6 @@ def plan(
         else:
             error_line(f"error: {doc['error']}")
         raise typer.Exit(1)
-    compared = None
-    if compare_with is not None:
-        om, os_ = load_plan_or_launch(compare_with, c, model if os.path.isfile(str(model)) else None)
-        compared = (compare_with, run_estimate(om, c, os_))
     written, plot_done = _emit(res, out, force, refs, plot) if emit == "megatron" else ([], False)
     if as_json:
         print_json(plan_document(res, info, opts, ch.train_tokens, refs[0], written, compared))
@@ -171,7 +175,7 @@ def _inside(path: str, folder: str):
 def _render(res, m, c, info, opts, train_tokens, wide, written, explain, compared) -> None:
     """The plans table and its notes, the files written, --explain and --compare-with."""
     from ..emit.explain import render_difference, render_explain   # the cost model
-    from ..emit.plans import render_plans
+    from ..emit.plans import render_plans, settings_text
     render_plans(res, m, c, info, opts, train_tokens, console, wide)
     for w in written:
         console.print(f"wrote {w}", markup=False)
@@ -184,4 +188,6 @@ def _render(res, m, c, info, opts, train_tokens, wide, written, explain, compare
         file, other = compared
         console.print(f"\n#1 is predicted {other.step_time_s / res.plans[0].step_time_s:.2f}x the speed of "
                       f"{file} on {c.name} (its verdict: {other.memory_verdict})", markup=False)
+        if opts.settings:
+            console.print(f"planned with its recipe settings: {settings_text(opts.settings)}", markup=False)
         render_difference(res.plans[0], other, console, "#1", "compared")

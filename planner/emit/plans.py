@@ -103,8 +103,14 @@ def plan_document(res, info: dict, o, train_tokens, model_file=None, emitted=(),
         doc["compare_with"] = {"file": file, "estimate": estimate_to_dict(other),
                                "top_plan_speedup": other.step_time_s / res.plans[0].step_time_s,
                                "differing_terms": [{"term": k, "top_s": a, "compared_s": b}
-                                                   for k, a, b in differing_terms(res.plans[0], other)]}
+                                                   for k, a, b in differing_terms(res.plans[0], other)],
+                               "settings_planned_with": {k: v for k, v in o.settings}}
     return doc
+
+
+def settings_text(settings) -> str:
+    """The recipe settings a search planned with (SearchOptions.settings), as 'field value'."""
+    return ", ".join(f"{k} {'on' if v is True else v}" for k, v in settings)
 
 
 def no_fit_document(res, m, c, info: dict, o) -> dict:

@@ -34,6 +34,7 @@ SOURCE_ARGU = "megatron/training/argument_utils.py"
 SOURCE_TC = "megatron/core/transformer/transformer_config.py"
 SOURCE_LAYOUT = "megatron/core/transformer/pipeline_parallel_layer_layout.py"
 SOURCE_OPT = "megatron/core/optimizer/optimizer_config.py"
+SOURCE_OPT_BUILD = "megatron/core/optimizer/__init__.py"
 SOURCE_MAP = "megatron/core/tensor_parallel/mappings.py"
 SOURCE_PS = "megatron/core/parallel_state.py"
 RECOMPUTE_MODULES = ("core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe", "shared_experts",
@@ -294,9 +295,18 @@ def _optimizer_and_precision_rules(c: _Launch, tp: int):
         bad("fp4-param-gather-needs-fp4", "--fp4-param-gather must be used together with --fp4-format")
     if val("fp4") is not None and val("fp4_recipe") == "custom" and not val("fp4_quantizer_factory"):
         bad("fp4-custom-needs-factory", "--fp4-recipe custom needs --fp4-quantizer-factory", SOURCE_TC)
+    if val("fp8_param_gather") and not (val("use_distributed_optimizer") or val("use_megatron_fsdp")
+                                        or val("use_torch_fsdp2")):
+        bad("fp8-param-gather-needs-dist-opt", "--fp8-param-gather only supported with distributed optimizer, "
+            "torch fsdp2 or megatron fsdp")
     if val("use_precision_aware_optimizer"):
         if val("optimizer") != "adam":
             bad("precision-aware-needs-adam", "--use-precision-aware-optimizer only supported with adam", SOURCE_OPT)
+        if not (val("use_distributed_optimizer") or val("use_megatron_fsdp")):
+            # get_megatron_optimizer (megatron/core/optimizer/__init__.py); Megatron-FSDP (v1,
+            # the default) turns the distributed optimizer on itself (arguments.py)
+            bad("precision-aware-needs-dist-opt", "--use-precision-aware-optimizer only supported with distributed "
+                "optimizer", SOURCE_OPT_BUILD)
     else:
         for dest in ("main_grads_dtype", "main_params_dtype", "exp_avg_dtype", "exp_avg_sq_dtype"):
             if val(dest) != "fp32":

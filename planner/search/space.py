@@ -13,6 +13,7 @@ from ..cost.kernels import MXFP8_MIN_COMPUTE_CAPABILITY
 from ..estimate import Estimate
 from ..specs.cluster import ClusterSpec
 from ..specs.model import ModelSpec
+from ..strategy import Strategy
 from .objective import MIN_GPU_FRACTION, GpuBudget
 
 # The space searched. These bound it; the top plan is the optimum of this space under the cost
@@ -86,6 +87,9 @@ class SearchOptions:
     # that a search safe by default runs after its own runs beside it in a second process; the
     # plans and counts are the same as with 1 (serial)
     jobs: int = 1
+    # Strategy fields every plan carries as a launch sets them (recipe_settings: with
+    # --compare-with, the compared launch's training-recipe settings), (field, value) pairs
+    settings: tuple[tuple[str, object], ...] = ()
 
     @property
     def budget(self) -> "GpuBudget":
@@ -103,14 +107,44 @@ def fp8_recipe_of(o: SearchOptions, cluster: ClusterSpec) -> str:
     return "mxfp8" if blackwell else "tensorwise"
 
 
+# Strategy fields that are a launch's training recipe rather than its layout: numerics (fp8 / fp4
+# parameter all-gathers, the precision-aware optimizer's state dtypes, bf16 gradient reduction, the
+# router's dtype) and the MoE kernels (fused permutation, padding to capacity). The search
+# chooses none of them; with --compare-with a launch it plans with the launch's values, so #1
+# and the launch differ only in what the search chooses (the token dispatcher is not carried:
+# the search plans the alltoall one, whose overlaps it prices).
+RECIPE_FIELDS = ("fp8_param_gather", "fp4_param_gather", "use_precision_aware_optimizer", "main_grads_dtype",
+                 "main_params_dtype", "exp_avg_dtype", "exp_avg_sq_dtype", "grad_reduce_in_bf16", "moe_router_dtype",
+                 "moe_permute_fusion", "moe_pad_expert_input_to_capacity")
+# settings that need the distributed optimizer (or Megatron-FSDP): no ZeRO-0 plan carries them
+# (megatron/rules.py fp8-param-gather-needs-dist-opt, precision-aware-needs-dist-opt)
+_NEED_SHARDED_OPTIMIZER = ("fp8_param_gather", "use_precision_aware_optimizer")
+
+
+def recipe_settings(s: Strategy, precision: str) -> tuple[tuple[str, object], ...]:
+    """The RECIPE_FIELDS of a launch's strategy s that differ from Strategy's defaults, as
+    SearchOptions.settings: the fp8 (fp4) parameter all-gather only when the plans are fp8
+    (nvfp4) too."""
+    default = Strategy()
+    out = []
+    for f in RECIPE_FIELDS:
+        v = getattr(s, f)
+        if v == getattr(default, f):
+            continue
+        if (f == "fp8_param_gather" and precision != "fp8") or (f == "fp4_param_gather" and precision != "nvfp4"):
+            continue
+        out.append((f, v))
+    return tuple(out)
+
+
 def execution_of(model: ModelSpec, o: SearchOptions, cluster: ClusterSpec) -> dict:
-    """Execution settings every strategy of the search carries (Strategy fields): the fp8
-    recipe (fp8_recipe_of), and for a MoE model with a shared expert its overlap with the
+    """Execution settings every strategy of the search carries (Strategy fields): o.settings
+    (recipe_settings), the fp8 recipe (fp8_recipe_of), and for a MoE model with a shared expert its overlap with the
     dispatcher's all-to-alls (--moe-shared-expert-overlap, as NVIDIA's DeepSeek-V3 recipes set
     it): in the model it never lengthens a layer (the shared expert's compute, slowed by the
     all-to-all's SM share, runs beside the all-to-all instead of after it: d + c min(d / (1 - c), a)
     <= d + a), and Megatron accepts it with the alltoall dispatcher the search plans with."""
-    return {"fp8_recipe": fp8_recipe_of(o, cluster),
+    return {**dict(o.settings), "fp8_recipe": fp8_recipe_of(o, cluster),
             "moe_shared_expert_overlap": bool(model.is_moe and model.moe_shared_expert_intermediate_size)}
 
 
@@ -391,8 +425,14 @@ def enumerate_space(model: ModelSpec, cluster: ClusterSpec, o: SearchOptions):
 
 
 def zero_options(o: SearchOptions) -> list[int]:
+    """The ZeRO stages searched: a pinned one, or o.zero_stages less ZeRO 0 when a setting needs
+    the distributed optimizer."""
     fixed = dict(o.fixed)
-    return [fixed["zero"]] if "zero" in fixed else list(o.zero_stages)
+    zeros = [fixed["zero"]] if "zero" in fixed else list(o.zero_stages)
+    settings = dict(o.settings)
+    if any(settings.get(f) for f in _NEED_SHARDED_OPTIMIZER):
+        zeros = [z for z in zeros if z >= 1]
+    return zeros
 
 
 def family_specs(model: ModelSpec, cluster: ClusterSpec, o: SearchOptions, layouts_of):
