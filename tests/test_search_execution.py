@@ -128,3 +128,37 @@ def test_a_compared_launchs_recipe_settings_are_planned_with():
     s0 = r.plans[0].strategy
     without = estimate(model, cluster, s0.with_(**{k: getattr(Strategy(), k) for k in settings}))
     assert without.peak_memory.optimizer > r.plans[0].peak_memory.optimizer
+
+
+def test_a_flag_with_several_values_is_written_whole(tmp_path, monkeypatch):
+    """launch.sh and megatron.args keep every value of a multi-value flag (--recompute-modules
+    mla_up_proj layernorm moe_act): the launch read back recomputes the same modules."""
+    from planner.emit import writer
+    from planner.megatron.launch import parse_file
+    from planner.search.space import LayerExecution
+    modules = ("mla_up_proj", "layernorm", "moe_act")
+    s = Strategy(tp=1, pp=16, dp=16, ep=8, micro_batch_size=1, global_batch_size=1024, seq_length=4096,
+                 precision="fp8", fp8_recipe="tensorwise", overlap_grad_reduce=True, layers_per_stage=(4,) * 15 + (1,),
+                 **LayerExecution("selective", modules).fields(shared_overlap=True))
+    e = estimate(DEEPSEEK, H800, s)
+    monkeypatch.chdir(tmp_path)
+    writer.write_plans([e], "plans", force=False)
+    back = parse_file(tmp_path / "plans" / "plan-1" / "launch.sh", env={})
+    assert back.strategy.recompute_modules == modules
+    assert "--recompute-modules mla_up_proj layernorm moe_act" in (tmp_path / "plans" / "plan-1" / "megatron.args").read_text()
+
+
+def test_every_recipe_setting_a_plan_carries_is_emitted_and_read_back():
+    """The launch of a plan carrying a compared launch's settings sets each of them: read
+    back, the strategy has the same RECIPE_FIELDS (the precision-aware optimizer with fp32
+    states, fused permutation and the fp32 router included)."""
+    from planner.search.space import RECIPE_FIELDS
+    settings = {"fp8_param_gather": True, "use_precision_aware_optimizer": True, "grad_reduce_in_bf16": True,
+                "moe_router_dtype": "fp32", "moe_permute_fusion": True}
+    s = Strategy(tp=1, pp=16, dp=16, ep=8, micro_batch_size=1, global_batch_size=1024, seq_length=4096,
+                 recompute="full", precision="fp8", fp8_recipe="tensorwise", overlap_grad_reduce=True,
+                 layers_per_stage=(4,) * 15 + (1,), **settings)
+    args = megatron_args(DEEPSEEK, s)
+    back = parse_words(args, "emitted", world_size=s.world_size)
+    assert megatron_violations(back, DEEPSEEK) == []
+    assert {f: getattr(back.strategy, f) for f in RECIPE_FIELDS} == {f: getattr(s, f) for f in RECIPE_FIELDS}

@@ -24,7 +24,7 @@ from typing import Callable, Iterable
 
 from ..errors import PlannerError, SpecError
 from ..inputs import printable, read_regular_file
-from ..megatron.emit import checked_args, launch_script, stage_host_map
+from ..megatron.emit import checked_args, flag_groups, launch_script, stage_host_map
 from .report import estimate_to_dict
 
 MANIFEST = "planner-manifest.json"
@@ -209,15 +209,7 @@ def _write_plan(d: Path, k: int, e) -> None:
         raise PlannerError(f"plan-{k} runs on node groups with {' and '.join(map(str, sorted(used)))} GPUs "
                            "per node; one torchrun launch needs the same --nproc-per-node everywhere")
     hmap = stage_host_map(s, e.stage_groups, gpn)
-    lines = []
-    i = 0
-    while i < len(args):
-        if i + 1 < len(args) and not args[i + 1].startswith("--"):
-            lines.append(f"{args[i]} {args[i + 1]}")
-            i += 2
-        else:
-            lines.append(args[i])
-            i += 1
+    lines = [" ".join(group) for group in flag_groups(args)]
     (d / "megatron.args").write_text("\n".join(lines) + "\n", encoding="utf-8")
     script = launch_script(args, s, hmap, min(gpn.values()), f"plan-{k}")
     (d / "launch.sh").write_text(script, encoding="utf-8")

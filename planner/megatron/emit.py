@@ -105,6 +105,10 @@ def _moe_args(add, model: ModelSpec, s: Strategy) -> None:
             add("--moe-router-group-topk", model.moe_router_group_topk)
         if s.moe_grouped_gemm:
             add("--moe-grouped-gemm")
+        if s.moe_permute_fusion:
+            add("--moe-permute-fusion")
+        if s.moe_router_dtype in ("fp32", "fp64"):
+            add("--moe-router-dtype", s.moe_router_dtype)
         add("--moe-token-dispatcher-type", s.moe_token_dispatcher_type)
         if s.moe_token_dispatcher_type == "flex" and s.moe_flex_dispatcher_num_sms is not None:
             add("--moe-flex-dispatcher-num-sms", s.moe_flex_dispatcher_num_sms)
@@ -186,7 +190,7 @@ def _state_args(add, model: ModelSpec, s: Strategy) -> None:
         add("--tp-comm-overlap")
     dtypes = (("--main-grads-dtype", s.main_grads_dtype), ("--main-params-dtype", s.main_params_dtype),
               ("--exp-avg-dtype", s.exp_avg_dtype), ("--exp-avg-sq-dtype", s.exp_avg_sq_dtype))
-    if s.offload_optimizer or any(d != "fp32" for _, d in dtypes):
+    if s.use_precision_aware_optimizer or s.offload_optimizer or any(d != "fp32" for _, d in dtypes):
         add("--use-precision-aware-optimizer")   # arguments.py: CPU offload needs it too
         for flag, d in dtypes:
             if d != "fp32":
@@ -265,8 +269,7 @@ def launch_script(args: list[str], s: Strategy, host_map: list[dict], gpus_per_n
     order = "\n".join(f"#   node ranks {r['node_ranks'][0]}-{r['node_ranks'][1]}: {r['node_group']} "
                       f"nodes {r['group_nodes'][0]}-{r['group_nodes'][1]} -> pipeline stage {r['stage']} "
                       f"(ranks {r['ranks'][0]}-{r['ranks'][1]})" for r in host_map)
-    flags = " \\\n  ".join(" ".join(shlex.quote(x) for x in args[i:i + 2]) if i + 1 < len(args) and not args[i + 1].startswith("--")
-                           else shlex.quote(args[i]) for i in _flag_starts(args))
+    flags = " \\\n  ".join(" ".join(shlex.quote(x) for x in group) for group in flag_groups(args))
     # Megatron (arguments.py): TP/CP/SP on Hopper and earlier need CUDA_DEVICE_MAX_CONNECTIONS=1
     # (one hardware queue keeps communication ahead of the GEMMs it overlaps); Megatron-FSDP
     # refuses 1.
@@ -300,5 +303,12 @@ torchrun --nnodes "$NNODES" --nproc-per-node "$GPUS_PER_NODE" --node-rank "$NODE
 """
 
 
-def _flag_starts(args: list[str]) -> list[int]:
-    return [i for i, x in enumerate(args) if x.startswith("--")]
+def flag_groups(args: list[str]) -> list[list[str]]:
+    """Each flag with all of its values (--recompute-modules layernorm moe_act takes two)."""
+    groups: list[list[str]] = []
+    for x in args:
+        if x.startswith("--") or not groups:
+            groups.append([x])
+        else:
+            groups[-1].append(x)
+    return groups
