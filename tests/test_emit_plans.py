@@ -122,6 +122,17 @@ def test_layout_text_lists_the_degrees_above_one_in_megatrons_order():
     assert layout_text(Strategy()) == "dp1"
 
 
+def test_the_recompute_and_moe_overlap_cells_name_the_execution_choices():
+    assert Strategy(recompute="selective").recompute_label == "selective"            # Megatron's default core_attn
+    assert Strategy(recompute="selective", recompute_modules=("layernorm", "moe_act")).recompute_label == \
+        "selective layernorm+moe_act"
+    assert Strategy(recompute="full", recompute_num_layers=2).recompute_label == "full 2/chunk"
+    assert Strategy(overlap_moe_expert_parallel_comm=True, delay_wgrad_compute=True).moe_overlap_label == \
+        "a2a 1F1B +wgrad"
+    assert Strategy(moe_shared_expert_overlap=True).moe_overlap_label == "shared"
+    assert Strategy().moe_overlap_label == "-"
+
+
 def test_optimality_text_by_how_the_search_ended():
     assert "within 2.5% of the optimum: the search stopped at its time limit" in optimality_text(
         {"status": "time-limit", "optimality_gap": 0.025})
