@@ -124,6 +124,7 @@ def assert_bounds(bounds, cluster, s, plain, e, extra_s=None, budget=GpuBudget()
     step = e.step_time_s * (1 + 1e-9)
     cand = bounds.candidate(plain, tk, groups, extra_s=extra_s)
     assert cand <= step, s
+    assert bounds.on_split(plain, tk, groups, extra_s) <= step, s     # on the candidate's own split
     assert bounds.cell(plain, tk, groups, (s.vpp,), (s.zero_stage,)) <= step, s
     caps = bounds.stage_caps(s.gpus_per_stage, s.pp, layouts)
     assert bounds.family(plain, tk, s.pp, s.num_microbatches, s.gpus_per_stage, caps, s.vpp) <= step, s
@@ -170,6 +171,8 @@ def assert_peak_bounds(model, cluster, s, e, uneven, budget=GpuBudget()):
     may_fit, n_max, peak_lb = memory_screen(model, cluster, s, uneven=uneven, dense_reach=reach)
     assert peak_lb <= peak * (1 + 1e-12), s
     assert may_fit or not e.fits, s      # the candidate screen never rules out a plan that fits
+    if e.fits and s.chunk_layers is None:   # nor a stage's layers (the caps the bounds use)
+        assert all(n >= k for n, k in zip(n_max, s.stage_layers(model))), (s, n_max)
     if e.fits and s.recompute_num_layers is None:
         # the bound the screened candidate is queued again with: the most layers each stage holds
         groups = s.stage_node_groups or (cluster.node_groups[0].name,) * s.pp

@@ -315,30 +315,11 @@ class Bounds:
         L = self.model.num_layers
         names = sorted(set(groups))
         w, least = self.work(s, tk, names)
-        # hop[i]: stage i to stage i + 1, on one node or across (estimate's stages_share_node)
-        per = s.gpus_per_stage
-        seen: dict = {}
-        hop = []
-        for i in range(p - 1):
-            a, b = groups[i], groups[i + 1]
-            key = (a, b, self._same_node(groups, i, per))
-            if key not in seen:
-                seen[key] = 2 * v * self.pp_hop(s, *key)
-            hop.append(seen[key])
         stages: dict = {}
         moe_stages: dict = {}   # for the mixed count bound: (an MoE layer's seconds, fixed, most layers)
         W = least
         B, saves = [], []     # for the mixed floor: stage cost at v MoE layers, a dense layer's saving
-        for i, g in enumerate(groups):
-            e = 0.0
-            if i == 0:
-                e += self.ends(s, tk, g)[0]
-            if i == p - 1:
-                e += self.ends(s, tk, g)[1]
-            if p > 1:
-                e += max(hop[i - 1] if i > 0 else 0.0, hop[i] if i < p - 1 else 0.0)
-            if extra_s is not None:
-                e += extra_s[i]
+        for i, (g, e) in enumerate(zip(groups, self._stage_extras(s, tk, groups, extra_s))):
             n_cap = L if max_layers is None else max_layers[i]
             cap = float("inf") if max_layers is None else n_cap * w["unit_max"]
             key = (w["rate"][g], w["floor"][g], e, cap, n_cap)
@@ -358,6 +339,48 @@ class Bounds:
         pipe = m * T if p == 1 else (m - 1.0 / v) * T + W / v
         return pipe + self.after_step(s, names)
 
+    def _stage_extras(self, s: Strategy, tk: Strategy, groups: tuple[str, ...], extra_s=None) -> list[float]:
+        """Per stage, the seconds a micro-batch spends there beyond its layers: the embedding on
+        the first, the output layer on the last, the slower of its two PP hops (each v times
+        each way, on one node or across: estimate's stages_share_node) and extra_s."""
+        p, v = s.pp, s.vpp
+        per = s.gpus_per_stage
+        seen: dict = {}
+        hop = []
+        for i in range(p - 1):
+            key = (groups[i], groups[i + 1], self._same_node(groups, i, per))
+            if key not in seen:
+                seen[key] = 2 * v * self.pp_hop(s, *key)
+            hop.append(seen[key])
+        out = []
+        for i, g in enumerate(groups):
+            e = 0.0
+            if i == 0:
+                e += self.ends(s, tk, g)[0]
+            if i == p - 1:
+                e += self.ends(s, tk, g)[1]
+            if p > 1:
+                e += max(hop[i - 1] if i > 0 else 0.0, hop[i] if i < p - 1 else 0.0)
+            if extra_s is not None:
+                e += extra_s[i]
+            out.append(e)
+        return out
+
+    def on_split(self, s: Strategy, tk: Strategy, groups: tuple[str, ...], extra_s=None) -> float:
+        """Bound for a candidate on its own layer split (s.layers_per_stage, which a block-
+        recompute candidate keeps): `candidate`'s terms with each stage's time at its own layers,
+        t_i = sum of their per-layer costs on its group (layer_costs) + its extras, instead of the
+        least slowest-stage time over all splits: (m - 1/v) max t_i + sum t_i / v + the after-step
+        term."""
+        p, v, m = s.pp, s.vpp, s.num_microbatches
+        model = self.model
+        costs = {g: self.layer_costs(s, tk, g) for g in set(groups)}
+        extras = self._stage_extras(s, tk, groups, extra_s)
+        t = [extras[i] + sum(costs[groups[i]][int(model.is_moe_layer(j))] for j in range(a, b))
+             for i, (a, b) in enumerate(s.stage_layer_ranges(model))]
+        pipe = m * max(t) if p == 1 else (m - 1.0 / v) * max(t) + sum(t) / v
+        return pipe + self.after_step(s, sorted(set(groups)))
+
     def recompute_extra(self, s: Strategy, groups: tuple[str, ...]) -> list[float]:
         """Per stage, the least seconds a micro-batch spends re-running the forward of its
         fully recomputed layers (recompute_num_layers k: k per chunk, on s's own split), the
@@ -371,9 +394,13 @@ class Bounds:
 
     def block_candidate(self, s: Strategy, groups: tuple[str, ...], max_layers=None, tk=None) -> float:
         """Bound of a block-recompute candidate: its costs without recompute plus the re-run
-        forward of its k layers per chunk. `tk`: the plain strategy's time key, if at hand."""
+        forward of its k layers per chunk, over all splits and on its own (on_split). `tk`: the
+        plain strategy's time key, if at hand."""
         plain = replace(s, recompute="none", recompute_num_layers=None)
-        return self.candidate(plain, tk or time_key(plain), groups, max_layers, extra_s=self.recompute_extra(s, groups))
+        tk = tk or time_key(plain)
+        extra = self.recompute_extra(s, groups)
+        # its split is fixed (the starting one): the bound on that split is the tighter one
+        return max(self.candidate(plain, tk, groups, max_layers, extra_s=extra), self.on_split(plain, tk, groups, extra))
 
     def after_step(self, s: Strategy, names, zero: int | None = None) -> float:
         """Least seconds after the pipeline drains (estimate's after-step term, max over

@@ -137,15 +137,24 @@ def memory_screen(model: ModelSpec, cluster: ClusterSpec, s: Strategy, uneven: b
     per = per_kind.min(axis=1)
     fixed = parts[shape, 0] + parts[shape, 1] * flight
     free = alloc - fixed
-    room_per = per
     mixed = len(kinds) > 1
     if mixed:
         moe_per = per_kind[:, kinds.index(True)]
+        moe_room = np.maximum(free // moe_per, 0)
         # MoE layers all ranks together can hold (whatever dense layers they hold)
-        moe_rooms = int(np.maximum(free // moe_per, 0).sum()) + p * (v - 1)
+        moe_rooms = int(moe_room.sum()) + p * (v - 1)
+        # a rank holds at most the model's n_dense dense layers: where they are the lighter
+        # kind, its most layers are d = min(n_dense, free // dense) of them and MoE layers in
+        # the rest (DeepSeek-V3: 3 dense layers of 61 cannot fill an H100 stage), and only
+        # MoE layers on ranks no dense layer can reach
+        dense_per = per_kind[:, kinds.index(False)]
+        d = np.minimum(model.num_dense_layers, np.maximum(free // dense_per, 0))
+        with_dense = np.where(dense_per < moe_per, d + np.maximum(free - d * dense_per, 0) // moe_per, moe_room)
         if dense_reach is not None:
-            room_per = np.where([i in dense_reach for i in range(p)], per, moe_per)
-    room = np.maximum(free // room_per, 0).astype(np.int64) // v * v
+            with_dense = np.where([i in dense_reach for i in range(p)], with_dense, moe_room)
+        room = with_dense.astype(np.int64) // v * v
+    else:
+        room = np.maximum(free // per, 0).astype(np.int64) // v * v
     # a rank of n layers, n not a multiple of vpp, keeps at least the activations of the even
     # vpp floor(n / vpp) layers below it (its chunks only grow)
     room = np.where(room >= v, room + v - 1, room)

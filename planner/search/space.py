@@ -11,6 +11,7 @@ from dataclasses import dataclass, field, replace
 
 from ..cost.kernels import MXFP8_MIN_COMPUTE_CAPABILITY
 from ..estimate import Estimate
+from ..hashing import hash_once, state_without_hash
 from ..specs.cluster import ClusterSpec
 from ..specs.model import ModelSpec
 from ..strategy import Strategy
@@ -184,10 +185,14 @@ class LayerExecution:
     ep_overlap: bool = False
     block: bool = False
 
+    # the search keys 10^5-10^6 families by it: hash the fields once (planner/hashing.py)
+    __hash__ = hash_once
+    __getstate__ = state_without_hash
+
     @property
     def time_class(self) -> "LayerExecution":
         """What the family's bounds and screens price: a block family as recompute 'none'."""
-        return LayerExecution() if self.block else self
+        return _NO_RECOMPUTE if self.block else self
 
     def fields(self, shared_overlap: bool) -> dict:
         """The Strategy fields it sets (shared_overlap: the search's --moe-shared-expert-overlap)."""
@@ -195,6 +200,9 @@ class LayerExecution:
                 "recompute_modules": self.recompute_modules if self.recompute == "selective" else ("core_attn",),
                 "overlap_moe_expert_parallel_comm": self.ep_overlap, "delay_wgrad_compute": self.ep_overlap,
                 "moe_shared_expert_overlap": shared_overlap and not self.ep_overlap}
+
+
+_NO_RECOMPUTE = LayerExecution()
 
 
 def layer_executions(model: ModelSpec, o: SearchOptions, ep: int) -> list[LayerExecution]:
