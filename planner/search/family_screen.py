@@ -223,9 +223,17 @@ class FamilyScreen:
         per_kind = st_layer[si][..., None] + (kept[ai][:, :, None] * flight[:, None, :])[:, None, None]
         per = np.minimum(per_kind[:, :, :, 0], per_kind[:, :, :, 1])             # (F, Z, G, P)
         free = alloc[:, None, :, None] - fixed[:, :, None, :]
-        # the most layers of the lighter kind a rank holds on its roomiest group and ZeRO stage;
-        # floor(max) = max(floor), and a rounded quotient only errs up (the screen stays safe)
-        room = np.maximum(np.floor((free / per).max(axis=(1, 2))), 0)           # (F, P)
+        # the most layers a rank holds on its roomiest group and ZeRO stage: of the lighter
+        # kind, but of a model with both kinds at most its n_dense dense layers, MoE layers in
+        # the rest (screen.py memory_screen); floor(max) = max(floor), and a rounded quotient
+        # only errs up (the screen stays safe)
+        if len(self.model.layer_kinds) > 1:
+            dense, moe = per_kind[:, :, :, 0], per_kind[:, :, :, _MOE]
+            d = np.minimum(self.model.num_dense_layers, np.maximum(np.floor(free / dense), 0))
+            most = np.where(dense < moe, d + np.floor(np.maximum(free - d * dense, 0) / moe), np.floor(free / moe))
+            room = np.maximum(most.max(axis=(1, 2)), 0)                          # (F, P)
+        else:
+            room = np.maximum(np.floor((free / per).max(axis=(1, 2))), 0)       # (F, P)
         sl = slack[:, None]
         fit = ((mult * np.minimum(room + sl, L)).sum(axis=1) >= L) & (room[:, 0] >= 1) & \
             (room[np.arange(len(pi)), last] >= 1)
