@@ -193,6 +193,14 @@ class Strategy:
 
 _FIELD_SET = frozenset(f.name for f in fields(Strategy))
 
+# Execution and training-recipe fields a plan JSON carries under their own names (emit/report.py
+# writes them, megatron/check.py reads them back), each a bool or a string like its default;
+# recompute_modules, fp8_recipe and the token dispatcher are written apart (null where unused).
+PLAN_JSON_FIELDS = ("fp8_param_gather", "fp4_param_gather", "overlap_moe_expert_parallel_comm", "delay_wgrad_compute",
+                    "moe_shared_expert_overlap", "use_precision_aware_optimizer", "main_grads_dtype",
+                    "main_params_dtype", "exp_avg_dtype", "exp_avg_sq_dtype", "grad_reduce_in_bf16",
+                    "moe_router_dtype", "moe_permute_fusion", "moe_pad_expert_input_to_capacity")
+
 
 @lru_cache(maxsize=65536)
 def _ranges(layers: tuple[int, ...]) -> tuple[tuple[int, int], ...]:

@@ -162,3 +162,29 @@ def test_every_recipe_setting_a_plan_carries_is_emitted_and_read_back():
     back = parse_words(args, "emitted", world_size=s.world_size)
     assert megatron_violations(back, DEEPSEEK) == []
     assert {f: getattr(back.strategy, f) for f in RECIPE_FIELDS} == {f: getattr(s, f) for f in RECIPE_FIELDS}
+
+
+def test_a_plan_json_carries_the_execution_choices_back_to_check(tmp_path):
+    """planner check --plan reads what plan --json wrote: the recompute modules, the MoE overlaps,
+    the fp8 recipe and every recipe setting (strategy.PLAN_JSON_FIELDS); a bad value is named."""
+    import json
+    from planner.emit.report import estimate_to_dict
+    from planner.errors import SpecError
+    from planner.megatron.check import strategy_from_plan_json
+    from planner.search.space import LayerExecution
+    from planner.strategy import PLAN_JSON_FIELDS
+    s = Strategy(tp=1, pp=16, dp=16, ep=8, vpp=1, micro_batch_size=1, global_batch_size=1024, seq_length=4096,
+                 precision="fp8", fp8_recipe="tensorwise", overlap_grad_reduce=True, layers_per_stage=(4,) * 15 + (1,),
+                 fp8_param_gather=True, use_precision_aware_optimizer=True, exp_avg_dtype="bf16",
+                 moe_permute_fusion=True, moe_router_dtype="fp32",
+                 **LayerExecution("selective", ("mla_up_proj", "layernorm", "moe_act")).fields(shared_overlap=True))
+    f = tmp_path / "plan.json"
+    f.write_text(json.dumps({"plans": [estimate_to_dict(estimate(DEEPSEEK, H800, s))]}))
+    back = strategy_from_plan_json(str(f))
+    for name in PLAN_JSON_FIELDS + ("recompute", "recompute_modules", "fp8_recipe", "moe_token_dispatcher_type"):
+        assert getattr(back, name) == getattr(s, name), name
+    doc = json.loads(f.read_text())
+    doc["plans"][0]["plan"]["recompute_modules"] = ["moe_act", "bogus"]
+    f.write_text(json.dumps(doc))
+    with pytest.raises(SpecError, match="plan.recompute_modules"):
+        strategy_from_plan_json(str(f))

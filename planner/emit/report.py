@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ..units import GIB
 from ..estimate import Estimate
-from ..strategy import Strategy
+from ..strategy import PLAN_JSON_FIELDS, Strategy
 
 
 
@@ -23,11 +23,8 @@ def strategy_to_dict(s: Strategy, model=None, stage_groups=None) -> dict:
         "chunk_layers": list(s.chunk_layers) if s.chunk_layers is not None else None,
         "recompute_modules": list(s.recompute_modules) if s.recompute == "selective" else None,
         "fp8_recipe": s.fp8_recipe if s.precision == "fp8" else None,
-        "fp8_param_gather": s.fp8_param_gather,
         "moe_token_dispatcher_type": s.moe_token_dispatcher_type if s.ep > 1 else None,
-        "overlap_moe_expert_parallel_comm": s.overlap_moe_expert_parallel_comm,
-        "delay_wgrad_compute": s.delay_wgrad_compute,
-        "moe_shared_expert_overlap": s.moe_shared_expert_overlap,
+        **{f: getattr(s, f) for f in PLAN_JSON_FIELDS},
     }
     if model is not None:
         stages = []

@@ -9,7 +9,8 @@ from typing import TYPE_CHECKING
 
 from ..units import GIB
 from ..errors import InvalidStrategy, SpecError
-from ..strategy import Strategy
+from ..strategy import FP8_RECIPES, PLAN_JSON_FIELDS, Strategy
+from .rules import RECOMPUTE_MODULES
 
 if TYPE_CHECKING:
     from .launch import MegatronLaunch
@@ -30,6 +31,11 @@ _PLAN_INTS = {"tensor_model_parallel_size": None, "pipeline_model_parallel_size"
 _PLAN_BOOLS = {"sequence_parallel": False, "overlap_grad_reduce": True, "overlap_param_gather": True,
                "offload_optimizer": False}
 _PLAN_STRS = {"recompute": "none", "precision": "bf16", "schedule": "1f1b"}
+# the values a plan JSON's execution fields may take (Megatron's choices for the flags)
+_PLAN_CHOICES = {"fp8_recipe": FP8_RECIPES, "moe_token_dispatcher_type": ("allgather", "alltoall", "flex"),
+                 "main_grads_dtype": ("fp32", "bf16"), "main_params_dtype": ("fp32", "fp16"),
+                 "exp_avg_dtype": ("fp32", "fp16", "bf16", "fp8"), "exp_avg_sq_dtype": ("fp32", "fp16", "bf16", "fp8"),
+                 "moe_router_dtype": ("bf16", "fp32", "fp64")}
 # plan JSON values are bounded like spec values: no degree or batch beyond this
 _PLAN_MAX_INT = 10**8
 
@@ -78,6 +84,7 @@ def strategy_from_plan_json(path: str) -> Strategy:
     groups = None
     if stages and all(isinstance(x.get("node_group"), str) and "+" not in x["node_group"] for x in stages):
         groups = tuple(x["node_group"] for x in stages)
+    execution = _plan_execution(path, p)
     chunks = p.get("chunk_layers")
     if chunks is not None:
         if not isinstance(chunks, list) or not all(isinstance(n, int) and not isinstance(n, bool) and 0 <= n <= _PLAN_MAX_INT
@@ -92,7 +99,37 @@ def strategy_from_plan_json(path: str) -> Strategy:
         recompute_num_layers=v["recompute_num_layers"], sequence_parallel=v["sequence_parallel"],
         zero_stage=v["zero_stage"], precision=v["precision"], schedule=v["schedule"], layers_per_stage=layers,
         stage_node_groups=groups, overlap_grad_reduce=v["overlap_grad_reduce"],
-        overlap_param_gather=v["overlap_param_gather"], offload_optimizer=v["offload_optimizer"], chunk_layers=chunks)
+        overlap_param_gather=v["overlap_param_gather"], offload_optimizer=v["offload_optimizer"], chunk_layers=chunks,
+        **execution)
+
+
+def _plan_execution(path: str, p: dict) -> dict:
+    """The execution and recipe fields of a plan JSON's plan block (strategy.PLAN_JSON_FIELDS,
+    recompute_modules, fp8_recipe, the token dispatcher), each type-checked; absent or null:
+    Strategy's default (files written before they were)."""
+    default = Strategy()
+    out: dict = {}
+    for key in PLAN_JSON_FIELDS:
+        want = getattr(default, key)
+        x = p.get(key, want)
+        if type(x) is not type(want):
+            raise SpecError(path, f"plan.{key}", f"found {x!r}, expected " +
+                            ("true or false" if isinstance(want, bool) else "a string"))
+        out[key] = x
+    for key in ("fp8_recipe", "moe_token_dispatcher_type"):
+        x = p.get(key)
+        if x is not None:
+            out[key] = x
+    for key, allowed in _PLAN_CHOICES.items():
+        if key in out and out[key] not in allowed:
+            raise SpecError(path, f"plan.{key}", f"found {out[key]!r}, expected one of {', '.join(allowed)}")
+    mods = p.get("recompute_modules")
+    if mods is not None:
+        if not isinstance(mods, list) or not mods or not all(m in RECOMPUTE_MODULES for m in mods):
+            raise SpecError(path, "plan.recompute_modules",
+                            f"found {mods!r}, expected a list of {', '.join(RECOMPUTE_MODULES)} or null")
+        out["recompute_modules"] = tuple(mods)
+    return out
 
 
 def parse_settings(items) -> dict:
