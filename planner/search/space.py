@@ -140,11 +140,12 @@ def recipe_settings(s: Strategy, precision: str) -> tuple[tuple[str, object], ..
 
 def execution_of(model: ModelSpec, o: SearchOptions, cluster: ClusterSpec) -> dict:
     """Execution settings every strategy of the search carries (Strategy fields): o.settings
-    (recipe_settings), the fp8 recipe (fp8_recipe_of), and for a MoE model with a shared expert its overlap with the
-    dispatcher's all-to-alls (--moe-shared-expert-overlap, as NVIDIA's DeepSeek-V3 recipes set
-    it): in the model it never lengthens a layer (the shared expert's compute, slowed by the
-    all-to-all's SM share, runs beside the all-to-all instead of after it: d + c min(d / (1 - c), a)
-    <= d + a), and Megatron accepts it with the alltoall dispatcher the search plans with."""
+    (recipe_settings), the fp8 recipe (fp8_recipe_of), and for a MoE model with a shared expert
+    its overlap with the dispatcher's all-to-alls (--moe-shared-expert-overlap, as NVIDIA's
+    DeepSeek-V3 recipes set it; a family with the EP overlap drops it): in the model it never
+    lengthens a layer (the shared expert's compute, slowed by the all-to-all's SM share, runs
+    beside the all-to-all instead of after it: d + c min(d / (1 - c), a) <= d + a), and Megatron
+    accepts it with the alltoall dispatcher the search plans with."""
     return {**dict(o.settings), "fp8_recipe": fp8_recipe_of(o, cluster),
             "moe_shared_expert_overlap": bool(model.is_moe and model.moe_shared_expert_intermediate_size)}
 
