@@ -164,7 +164,7 @@ class Strategy:
         if self.recompute == "full" and self.recompute_num_layers is not None:
             return f"full {self.recompute_num_layers}/chunk"
         if self.recompute == "selective" and tuple(self.recompute_modules) != ("core_attn",):
-            return "selective " + "+".join(self.recompute_modules)
+            return "selective " + " ".join(self.recompute_modules)   # as --recompute-modules lists them
         return self.recompute
 
     @property

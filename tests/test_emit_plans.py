@@ -125,7 +125,7 @@ def test_layout_text_lists_the_degrees_above_one_in_megatrons_order():
 def test_the_recompute_and_moe_overlap_cells_name_the_execution_choices():
     assert Strategy(recompute="selective").recompute_label == "selective"            # Megatron's default core_attn
     assert Strategy(recompute="selective", recompute_modules=("layernorm", "moe_act")).recompute_label == \
-        "selective layernorm+moe_act"
+        "selective layernorm moe_act"
     assert Strategy(recompute="full", recompute_num_layers=2).recompute_label == "full 2/chunk"
     assert Strategy(overlap_moe_expert_parallel_comm=True, delay_wgrad_compute=True).moe_overlap_label == \
         "a2a 1F1B +wgrad"
