@@ -177,3 +177,17 @@ def test_plan_compare_with_plans_with_the_launchs_recipe_settings(tmp_path):
     plan = doc["plans"][0]["plan"]
     assert plan["fp8_param_gather"] is True and plan["zero_stage"] >= 1
     assert doc["compare_with"]["top_plan_speedup"] >= 1.0
+
+
+def test_compare_with_settings_that_need_the_distributed_optimizer_against_zero_0_say_so(tmp_path):
+    launch = tmp_path / "today.sh"
+    launch.write_text(
+        "torchrun --nproc-per-node 8 pretrain_gpt.py --num-layers 32 --hidden-size 4096 --ffn-hidden-size 14336 "
+        "--num-attention-heads 32 --group-query-attention --num-query-groups 8 --seq-length 4096 "
+        "--max-position-embeddings 8192 --swiglu --normalization RMSNorm --untie-embeddings-and-output-weights "
+        "--position-embedding-type rope --disable-bias-linear --vocab-size 128256 --bf16 "
+        "--use-distributed-optimizer --micro-batch-size 1 --global-batch-size 128 --use-precision-aware-optimizer\n")
+    r = _cli("plan", "--model", "llama3-8b", "--cluster", "dgx-h100-x8", "--global-batch-size", "128",
+             "--seq-length", "4096", "--zero-stages", "0", "--compare-with", str(launch))
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    assert "--zero-stages 0 leaves no ZeRO stage" in r.stderr and "use_precision_aware_optimizer" in r.stderr

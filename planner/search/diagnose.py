@@ -11,7 +11,7 @@ from ..specs.cluster import ClusterSpec
 from ..specs.model import ModelSpec
 from ..strategy import Strategy, check_structure
 from .planner import SearchOptions, space_worlds
-from .space import execution_of
+from .space import NEED_SHARDED_OPTIMIZER, execution_of, zero_options
 
 # world sizes listed in a message
 _SHOWN_SIZES = 6
@@ -63,6 +63,12 @@ def _structure_problem(model: ModelSpec, cluster: ClusterSpec, o: SearchOptions)
 def empty_space_reason(model: ModelSpec, cluster: ClusterSpec, o: SearchOptions) -> str:
     """Why the space of o holds no candidate (one sentence, without a trailing period)."""
     pins = _pins(o)
+    if not zero_options(o):
+        need = ", ".join(k for k, v in o.settings if k in NEED_SHARDED_OPTIMIZER and v)
+        zeros = f"--fix zero={dict(o.fixed)['zero']}" if "zero" in dict(o.fixed) else \
+            f"--zero-stages {','.join(map(str, o.zero_stages))}"
+        return (f"{zeros} leaves no ZeRO stage to search: the compared launch's settings ({need}) need the "
+                "distributed optimizer (ZeRO 1 or more)")
     relaxed = replace(o, gpus=None, max_gpus=None, min_gpu_fraction=0.0)
     worlds = space_worlds(model, cluster, relaxed)
     if worlds:

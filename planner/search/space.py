@@ -119,7 +119,7 @@ RECIPE_FIELDS = ("fp8_param_gather", "fp4_param_gather", "use_precision_aware_op
                  "moe_permute_fusion", "moe_pad_expert_input_to_capacity")
 # settings that need the distributed optimizer (or Megatron-FSDP): no ZeRO-0 plan carries them
 # (megatron/rules.py fp8-param-gather-needs-dist-opt, precision-aware-needs-dist-opt)
-_NEED_SHARDED_OPTIMIZER = ("fp8_param_gather", "use_precision_aware_optimizer")
+NEED_SHARDED_OPTIMIZER = ("fp8_param_gather", "use_precision_aware_optimizer")
 
 
 def recipe_settings(s: Strategy, precision: str) -> tuple[tuple[str, object], ...]:
@@ -439,7 +439,7 @@ def zero_options(o: SearchOptions) -> list[int]:
     fixed = dict(o.fixed)
     zeros = [fixed["zero"]] if "zero" in fixed else list(o.zero_stages)
     settings = dict(o.settings)
-    if any(settings.get(f) for f in _NEED_SHARDED_OPTIMIZER):
+    if any(settings.get(f) for f in NEED_SHARDED_OPTIMIZER):
         zeros = [z for z in zeros if z >= 1]
     return zeros
 
