@@ -418,15 +418,21 @@ class _BestFirst:
         # a family's time bound is a pure function of it: a search sharing these families
         # (families_of) reads those it has already bounded
         known = self.families_of.family_lbs if self.families_of is not None else {}
-        for i in np.flatnonzero(may_fit):
+        peaks = peak_lbs.tolist()
+        entries = []
+        for i in np.flatnonzero(may_fit).tolist():
             spec = specs[i]
             lay = self.layouts_cache[spec.lkey]
             lb = known.get(i)
             if lb is None:
                 lb = self.family_lbs[i] = self.bounds.family(spec.cls.base, spec.cls.tk, spec.pp, spec.m,
                                                              spec.lkey[0], lay.caps, max(spec.vpps), lay.names)
-            heapq.heappush(self.heap, (self._objective_lb(lb, lay.usd_min), next(self.tie), _FAMILY,
-                                       _QueuedFamily(spec, lb, float(peak_lbs[i]))))
+            entries.append((self._objective_lb(lb, lay.usd_min), next(self.tie), _FAMILY,
+                            _QueuedFamily(spec, lb, peaks[i])))
+        # one heapify for 10^5 families (the (bound, tie) keys are distinct: the pops come in the
+        # order pushing them one by one gives)
+        self.heap.extend(entries)
+        heapq.heapify(self.heap)
         self.unfit = np.flatnonzero(~may_fit)
         res.pruned_memory += sum(specs[i].candidates for i in self.unfit)
 
