@@ -169,8 +169,8 @@ class Strategy:
 
     @property
     def moe_overlap_label(self) -> str:
-        """The MoE communication overlap it runs: 'a2a 1F1B' (--overlap-moe-expert-parallel-comm),
-        'shared' (--moe-shared-expert-overlap) or '-'."""
+        """The MoE communication overlap it runs: 'a2a 1F1B' (--overlap-moe-expert-parallel-comm,
+        '+wgrad' with --delay-wgrad-compute), 'shared' (--moe-shared-expert-overlap) or '-'."""
         if self.overlap_moe_expert_parallel_comm:
             return "a2a 1F1B" + (" +wgrad" if self.delay_wgrad_compute else "")
         return "shared" if self.moe_shared_expert_overlap else "-"
@@ -193,13 +193,21 @@ class Strategy:
 
 _FIELD_SET = frozenset(f.name for f in fields(Strategy))
 
-# Execution and training-recipe fields a plan JSON carries under their own names (emit/report.py
-# writes them, megatron/check.py reads them back), each a bool or a string like its default;
-# recompute_modules, fp8_recipe and the token dispatcher are written apart (null where unused).
-PLAN_JSON_FIELDS = ("fp8_param_gather", "fp4_param_gather", "overlap_moe_expert_parallel_comm", "delay_wgrad_compute",
-                    "moe_shared_expert_overlap", "use_precision_aware_optimizer", "main_grads_dtype",
-                    "main_params_dtype", "exp_avg_dtype", "exp_avg_sq_dtype", "grad_reduce_in_bf16",
-                    "moe_router_dtype", "moe_permute_fusion", "moe_pad_expert_input_to_capacity")
+# Strategy fields that are a launch's training recipe rather than its layout: numerics (fp8 / fp4
+# parameter all-gathers, the precision-aware optimizer's state dtypes, bf16 gradient reduction, the
+# router's dtype) and the MoE kernels (fused permutation, padding to capacity). The search
+# chooses none of them; with --compare-with a launch it plans with the launch's values
+# (search/space.py recipe_settings), so #1 and the launch differ only in what the search chooses
+# (the token dispatcher is not carried: the search plans the alltoall one, whose overlaps it prices).
+RECIPE_FIELDS = ("fp8_param_gather", "fp4_param_gather", "use_precision_aware_optimizer", "main_grads_dtype",
+                 "main_params_dtype", "exp_avg_dtype", "exp_avg_sq_dtype", "grad_reduce_in_bf16", "moe_router_dtype",
+                 "moe_permute_fusion", "moe_pad_expert_input_to_capacity")
+# The MoE communication overlaps a plan runs (the search chooses them: search/space.py LayerExecution)
+MOE_OVERLAP_FIELDS = ("overlap_moe_expert_parallel_comm", "delay_wgrad_compute", "moe_shared_expert_overlap")
+# Fields a plan JSON carries under their own names (emit/report.py writes them, megatron/check.py
+# reads them back), each a bool or a string like its default; recompute_modules, fp8_recipe and
+# the token dispatcher are written apart (null where unused).
+PLAN_JSON_FIELDS = RECIPE_FIELDS + MOE_OVERLAP_FIELDS
 
 
 @lru_cache(maxsize=65536)

@@ -155,18 +155,21 @@ def test_plan_compare_with_prices_the_launch_run_today(tmp_path):
     assert r.returncode == 2 and "Traceback" not in r.stderr and "nope.sh" in r.stderr
 
 
+# Llama 3 8B on one DGX node with the distributed optimizer, global batch 128 (the compare-with tests add flags)
+LLAMA3_8B_LAUNCH = (
+    "torchrun --nproc-per-node 8 pretrain_gpt.py --num-layers 32 --hidden-size 4096 --ffn-hidden-size 14336 "
+    "--num-attention-heads 32 --group-query-attention --num-query-groups 8 --seq-length 4096 "
+    "--max-position-embeddings 8192 --swiglu --normalization RMSNorm --untie-embeddings-and-output-weights "
+    "--position-embedding-type rope --disable-bias-linear --vocab-size 128256 --bf16 "
+    "--use-distributed-optimizer --micro-batch-size 1 --global-batch-size 128")
+
+
 def test_plan_compare_with_plans_with_the_launchs_recipe_settings(tmp_path):
     """The compared launch's training-recipe settings (fp8 parameter all-gather, the
     precision-aware optimizer's dtypes) are planned with, and said so in text and JSON."""
     launch = tmp_path / "today.sh"
-    launch.write_text(
-        "torchrun --nproc-per-node 8 pretrain_gpt.py --num-layers 32 --hidden-size 4096 --ffn-hidden-size 14336 "
-        "--num-attention-heads 32 --group-query-attention --num-query-groups 8 --seq-length 4096 "
-        "--max-position-embeddings 8192 --swiglu --normalization RMSNorm --untie-embeddings-and-output-weights "
-        "--position-embedding-type rope --disable-bias-linear --vocab-size 128256 --bf16 "
-        "--use-distributed-optimizer --tensor-model-parallel-size 2 --micro-batch-size 1 --global-batch-size 128 "
-        "--fp8-format hybrid --fp8-recipe tensorwise --fp8-param-gather --use-precision-aware-optimizer "
-        "--exp-avg-dtype bf16 --exp-avg-sq-dtype bf16\n")
+    launch.write_text(LLAMA3_8B_LAUNCH + " --tensor-model-parallel-size 2 --fp8-format hybrid --fp8-recipe tensorwise "
+                      "--fp8-param-gather --use-precision-aware-optimizer --exp-avg-dtype bf16 --exp-avg-sq-dtype bf16\n")
     base = ["plan", "--model", "llama3-8b", "--cluster", "dgx-h100-x8", "--global-batch-size", "128",
             "--seq-length", "4096", "--precision", "fp8", "--compare-with", str(launch), "--top", "1"]
     r = _cli(*base)
@@ -181,12 +184,7 @@ def test_plan_compare_with_plans_with_the_launchs_recipe_settings(tmp_path):
 
 def test_compare_with_settings_that_need_the_distributed_optimizer_against_zero_0_say_so(tmp_path):
     launch = tmp_path / "today.sh"
-    launch.write_text(
-        "torchrun --nproc-per-node 8 pretrain_gpt.py --num-layers 32 --hidden-size 4096 --ffn-hidden-size 14336 "
-        "--num-attention-heads 32 --group-query-attention --num-query-groups 8 --seq-length 4096 "
-        "--max-position-embeddings 8192 --swiglu --normalization RMSNorm --untie-embeddings-and-output-weights "
-        "--position-embedding-type rope --disable-bias-linear --vocab-size 128256 --bf16 "
-        "--use-distributed-optimizer --micro-batch-size 1 --global-batch-size 128 --use-precision-aware-optimizer\n")
+    launch.write_text(LLAMA3_8B_LAUNCH + " --use-precision-aware-optimizer\n")
     r = _cli("plan", "--model", "llama3-8b", "--cluster", "dgx-h100-x8", "--global-batch-size", "128",
              "--seq-length", "4096", "--zero-stages", "0", "--compare-with", str(launch))
     assert r.returncode == 1 and "Traceback" not in r.stderr

@@ -152,7 +152,7 @@ def test_every_recipe_setting_a_plan_carries_is_emitted_and_read_back():
     """The launch of a plan carrying a compared launch's settings sets each of them: read
     back, the strategy has the same RECIPE_FIELDS (the precision-aware optimizer with fp32
     states, fused permutation and the fp32 router included)."""
-    from planner.search.space import RECIPE_FIELDS
+    from planner.strategy import RECIPE_FIELDS
     settings = {"fp8_param_gather": True, "use_precision_aware_optimizer": True, "grad_reduce_in_bf16": True,
                 "moe_router_dtype": "fp32", "moe_permute_fusion": True}
     s = Strategy(tp=1, pp=16, dp=16, ep=8, micro_batch_size=1, global_batch_size=1024, seq_length=4096,

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 from ..units import GIB
 from ..errors import InvalidStrategy, SpecError
 from ..strategy import FP8_RECIPES, PLAN_JSON_FIELDS, Strategy
+from .flags import table
 from .rules import RECOMPUTE_MODULES
 
 if TYPE_CHECKING:
@@ -31,11 +32,17 @@ _PLAN_INTS = {"tensor_model_parallel_size": None, "pipeline_model_parallel_size"
 _PLAN_BOOLS = {"sequence_parallel": False, "overlap_grad_reduce": True, "overlap_param_gather": True,
                "offload_optimizer": False}
 _PLAN_STRS = {"recompute": "none", "precision": "bf16", "schedule": "1f1b"}
-# the values a plan JSON's execution fields may take (Megatron's choices for the flags)
-_PLAN_CHOICES = {"fp8_recipe": FP8_RECIPES, "moe_token_dispatcher_type": ("allgather", "alltoall", "flex"),
-                 "main_grads_dtype": ("fp32", "bf16"), "main_params_dtype": ("fp32", "fp16"),
-                 "exp_avg_dtype": ("fp32", "fp16", "bf16", "fp8"), "exp_avg_sq_dtype": ("fp32", "fp16", "bf16", "fp8"),
-                 "moe_router_dtype": ("bf16", "fp32", "fp64")}
+# the plan JSON execution fields whose values are checked against Megatron's choices for their
+# flag (flags_megatron.json); the fp8 recipe against those the cost model prices (no 'custom')
+_PLAN_CHOICE_FIELDS = ("moe_token_dispatcher_type", "main_grads_dtype", "main_params_dtype", "exp_avg_dtype",
+                       "exp_avg_sq_dtype", "moe_router_dtype")
+
+
+def _plan_choices(key: str) -> tuple:
+    """The values plan.<key> may take: Strategy's default (the flag unset) and the flag's choices."""
+    if key == "fp8_recipe":
+        return FP8_RECIPES
+    return tuple(dict.fromkeys((getattr(Strategy(), key),) + table().by_dest[key].choices))
 # plan JSON values are bounded like spec values: no degree or batch beyond this
 _PLAN_MAX_INT = 10**8
 
@@ -120,7 +127,8 @@ def _plan_execution(path: str, p: dict) -> dict:
         x = p.get(key)
         if x is not None:
             out[key] = x
-    for key, allowed in _PLAN_CHOICES.items():
+    for key in ("fp8_recipe",) + _PLAN_CHOICE_FIELDS:
+        allowed = _plan_choices(key)
         if key in out and out[key] not in allowed:
             raise SpecError(path, f"plan.{key}", f"found {out[key]!r}, expected one of {', '.join(allowed)}")
     mods = p.get("recompute_modules")

@@ -34,6 +34,7 @@ from ..placement import placement_of
 from ..specs.cluster import ClusterSpec
 from ..specs.model import ModelSpec
 from ..strategy import Strategy
+from .screen import most_layers
 
 # Middle pipeline ranks evaluated (besides the first and the last): each bounds the ranks up to it.
 SCREEN_POINTS = 8
@@ -225,12 +226,10 @@ class FamilyScreen:
         free = alloc[:, None, :, None] - fixed[:, :, None, :]
         # the most layers a rank holds on its roomiest group and ZeRO stage: of the lighter
         # kind, but of a model with both kinds at most its n_dense dense layers, MoE layers in
-        # the rest (screen.py memory_screen); floor(max) = max(floor), and a rounded quotient
+        # the rest (screen.py most_layers); floor(max) = max(floor), and a rounded quotient
         # only errs up (the screen stays safe)
         if len(self.model.layer_kinds) > 1:
-            dense, moe = per_kind[:, :, :, 0], per_kind[:, :, :, _MOE]
-            d = np.minimum(self.model.num_dense_layers, np.maximum(np.floor(free / dense), 0))
-            most = np.where(dense < moe, d + np.floor(np.maximum(free - d * dense, 0) / moe), np.floor(free / moe))
+            most = most_layers(free, per_kind[:, :, :, 0], per_kind[:, :, :, _MOE], self.model.num_dense_layers)
             room = np.maximum(most.max(axis=(1, 2)), 0)                          # (F, P)
         else:
             room = np.maximum(np.floor((free / per).max(axis=(1, 2))), 0)       # (F, P)

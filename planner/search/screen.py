@@ -92,6 +92,17 @@ def least_block_recompute(model, cluster, s: Strategy, k_max: int, rank_fits: di
     return s.with_(recompute_num_layers=lo)
 
 
+def most_layers(free, dense, moe, n_dense: int):
+    """The most layers a rank with `free` bytes holds, a dense layer costing it `dense` bytes and a
+    MoE layer `moe`, of a model with only n_dense dense layers: where dense layers are the lighter
+    kind, d = min(n_dense, free / dense) of them and MoE layers in the rest, else MoE layers only.
+    numpy arrays of any one shape; each quotient is rounded before it is floored, so it errs up
+    and a screen built on it stays safe."""
+    d = np.minimum(n_dense, np.maximum(np.floor(free / dense), 0))
+    return np.where(dense < moe, d + np.floor(np.maximum(free - d * dense, 0) / moe),
+                    np.maximum(np.floor(free / moe), 0))
+
+
 def memory_screen(model: ModelSpec, cluster: ClusterSpec, s: Strategy, uneven: bool = True,
                    dense_reach: frozenset | None = None, terms: dict | None = None, with_margin: bool = False):
     """(may fit, most layers each stage can hold, a lower bound on the peak bytes per GPU of
@@ -147,9 +158,7 @@ def memory_screen(model: ModelSpec, cluster: ClusterSpec, s: Strategy, uneven: b
         # kind, its most layers are d = min(n_dense, free // dense) of them and MoE layers in
         # the rest (DeepSeek-V3: 3 dense layers of 61 cannot fill an H100 stage), and only
         # MoE layers on ranks no dense layer can reach
-        dense_per = per_kind[:, kinds.index(False)]
-        d = np.minimum(model.num_dense_layers, np.maximum(free // dense_per, 0))
-        with_dense = np.where(dense_per < moe_per, d + np.maximum(free - d * dense_per, 0) // moe_per, moe_room)
+        with_dense = most_layers(free, per_kind[:, kinds.index(False)], moe_per, model.num_dense_layers)
         if dense_reach is not None:
             with_dense = np.where([i in dense_reach for i in range(p)], with_dense, moe_room)
         room = with_dense.astype(np.int64) // v * v

@@ -14,7 +14,7 @@ from ..estimate import Estimate
 from ..hashing import hash_once, state_without_hash
 from ..specs.cluster import ClusterSpec
 from ..specs.model import ModelSpec
-from ..strategy import Strategy
+from ..strategy import RECIPE_FIELDS, Strategy
 from .objective import MIN_GPU_FRACTION, GpuBudget
 
 # The space searched. These bound it; the top plan is the optimum of this space under the cost
@@ -108,15 +108,6 @@ def fp8_recipe_of(o: SearchOptions, cluster: ClusterSpec) -> str:
     return "mxfp8" if blackwell else "tensorwise"
 
 
-# Strategy fields that are a launch's training recipe rather than its layout: numerics (fp8 / fp4
-# parameter all-gathers, the precision-aware optimizer's state dtypes, bf16 gradient reduction, the
-# router's dtype) and the MoE kernels (fused permutation, padding to capacity). The search
-# chooses none of them; with --compare-with a launch it plans with the launch's values, so #1
-# and the launch differ only in what the search chooses (the token dispatcher is not carried:
-# the search plans the alltoall one, whose overlaps it prices).
-RECIPE_FIELDS = ("fp8_param_gather", "fp4_param_gather", "use_precision_aware_optimizer", "main_grads_dtype",
-                 "main_params_dtype", "exp_avg_dtype", "exp_avg_sq_dtype", "grad_reduce_in_bf16", "moe_router_dtype",
-                 "moe_permute_fusion", "moe_pad_expert_input_to_capacity")
 # settings that need the distributed optimizer (or Megatron-FSDP): no ZeRO-0 plan carries them
 # (megatron/rules.py fp8-param-gather-needs-dist-opt, precision-aware-needs-dist-opt)
 NEED_SHARDED_OPTIMIZER = ("fp8_param_gather", "use_precision_aware_optimizer")
