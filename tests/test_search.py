@@ -133,6 +133,17 @@ def assert_bounds(bounds, cluster, s, plain, e, extra_s=None, budget=GpuBudget()
         assert child <= cand * (1 + 1e-9)   # the closed form without whole layers
 
 
+def assert_floor_bound(bounds, cluster, s, e, budget=GpuBudget()):
+    """A recomputing family is queued under the bound of its class without recompute
+    (LayerExecution.floor): that bound too is at most the estimate."""
+    if s.recompute == "none":
+        return
+    floor = s.with_(recompute="none", recompute_modules=("core_attn",))
+    caps = bounds.stage_caps(s.gpus_per_stage, s.pp, stage_layouts(cluster, s.gpus_per_stage, s.pp, budget))
+    assert bounds.family(floor, time_key(floor), s.pp, s.num_microbatches, s.gpus_per_stage, caps,
+                         s.vpp) <= e.step_time_s * (1 + 1e-9), s
+
+
 # Strategy fields a family carries from the search's execution settings and its LayerExecution
 _EXECUTION_FIELDS = ("recompute_modules", "fp8_recipe", "overlap_moe_expert_parallel_comm", "delay_wgrad_compute",
                      "moe_shared_expert_overlap")
@@ -206,6 +217,7 @@ def brute_force_run(model, cluster, o):
         groups = s.stage_node_groups or (cluster.node_groups[0].name,) * s.pp
         if s.recompute_num_layers is None:
             assert_bounds(bounds, cluster, s, s, e, budget=o.budget)
+            assert_floor_bound(bounds, cluster, s, e, o.budget)
         else:   # a block-recompute child: bounded on the plain costs plus its recompute
             plain = s.with_(recompute="none", recompute_num_layers=None)
             assert_bounds(bounds, cluster, s, plain, e, bounds.recompute_extra(s, groups), o.budget)

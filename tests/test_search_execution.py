@@ -188,3 +188,36 @@ def test_a_plan_json_carries_the_execution_choices_back_to_check(tmp_path):
     f.write_text(json.dumps(doc))
     with pytest.raises(SpecError, match="plan.recompute_modules"):
         strategy_from_plan_json(str(f))
+
+
+@pytest.mark.parametrize("model_name", ["deepseek-v3", "qwen3-235b-a22b", "mixtral-8x22b", "llama3-70b"])
+def test_no_layer_execution_is_faster_than_its_floor(model_name):
+    """The search queues a recomputing family under the bound of its class without recompute
+    (LayerExecution.floor, best_first._floor_lb): on bundled models and every GPU of a mixed
+    cluster, each execution's per-layer costs and family bound are at least its floor's."""
+    from planner.estimate import time_key
+    from planner.search.bounds import Bounds
+    from planner.search.space import layer_executions, stage_layouts
+    model, cluster = load_model_ref(model_name), load_cluster_ref("mixed-512")
+    o = SearchOptions(global_batch_size=1024, seq_length=4096, recompute=("none", "selective", "full"))
+    bounds = Bounds(model, cluster)
+    names = tuple(g.name for g in cluster.node_groups)
+    checked = 0
+    for tp, ep, etp, mbs, pp, dp in ((1, 1, 1, 1, 8, 64), (4, 8, 1, 2, 8, 16), (8, 8, 2, 1, 16, 4)):
+        if not model.is_moe:
+            ep = etp = 1
+        per = tp * dp
+        caps = bounds.stage_caps(per, pp, stage_layouts(cluster, per, pp))
+        for kind in layer_executions(model, o, ep):
+            def strategy(k):
+                return Strategy(tp=tp, ep=ep, etp=etp, pp=pp, dp=dp, vpp=1, micro_batch_size=mbs,
+                                global_batch_size=1024, seq_length=4096, sequence_parallel=tp > 1,
+                                **k.fields(False))
+            s, f = strategy(kind.time_class), strategy(kind.floor)
+            for g in names:
+                own, low = bounds.layer_costs(s, time_key(s), g), bounds.layer_costs(f, time_key(f), g)
+                assert own[0] >= low[0] and own[1] >= low[1], (kind, g)
+            assert (bounds.family(s, time_key(s), pp, s.num_microbatches, per, caps, 1)
+                    >= bounds.family(f, time_key(f), pp, f.num_microbatches, per, caps, 1)), kind
+            checked += kind.floor != kind.time_class
+    assert checked >= 3

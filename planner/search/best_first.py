@@ -30,7 +30,7 @@ from .objective import check_objective, figures, usd_per_hour, usd_per_million_t
 from .pricing import add_effects, ilp_cross_check, priced_apart
 from .results import Plans
 from .screen import fits_exactly, least_block_recompute, memory_screen, stage_memories
-from .space import (PROGRESS_INTERVAL_S, SearchOptions, SearchProgress, SearchResult, execution_of, family_specs, warn,
+from .space import (PROGRESS_INTERVAL_S, SearchOptions, SearchProgress, SearchResult, execution_of, family_groups, warn,
                     zero_options, stage_layouts)
 from .split import initial_split, with_split
 
@@ -86,6 +86,7 @@ class _Layouts(NamedTuple):
 class _FamilySpec(NamedTuple):
     """A family as the space enumerates it (its _Family is built only when it is reached)."""
     cls: _TimeClass
+    floor: _TimeClass              # its class without recompute (LayerExecution.floor): cls when none
     pp: int
     dp: int
     block: bool
@@ -100,6 +101,8 @@ class _QueuedFamily(NamedTuple):
     spec: _FamilySpec
     step_lb: float                 # seconds no candidate of the family beats
     peak_lb: float                 # peak bytes per GPU no candidate of it goes below
+    index: int                     # of the spec in the search's specs
+    exact: bool                    # step_lb is the family's own bound, not its floor class's
 
 
 class _Child(NamedTuple):
@@ -299,7 +302,10 @@ class _BestFirst:
         # the families (_queue_families): the screen, every spec, and those memory ruled out
         self.screen: FamilyScreen | None = None
         self.specs: list = []
-        self.family_lbs: dict = {}   # spec index -> the family's time bound
+        # bounds of families (spec index ->) and of their floor classes (_floor_lb's key ->): pure
+        # functions of the family, shared with a search of the same families (families_of)
+        self.family_lbs: dict = {} if families_of is None else families_of.family_lbs
+        self.floor_lbs: dict = {} if families_of is None else families_of.floor_lbs
         self.unfit = np.zeros(0, dtype=np.int64)
         # what the entries taken best first share
         self.seen: set = set()
@@ -384,25 +390,46 @@ class _BestFirst:
         A family is a tuple until it is reached; its Strategy is built from its time class's."""
         model, o, res = self.model, self.o, self.res
         execution = execution_of(model, o, self.cluster)
-        classes: dict = {}
+        shared_overlap = execution.pop("moe_shared_expert_overlap")
         screen = self.screen = FamilyScreen(model, self.cluster, self.zero_opts, o.uneven_chunks, self.with_margin)
         specs = self.specs
-        shared_overlap = execution.pop("moe_shared_expert_overlap")
-        for tp, cp, pp, dp, ep, etp, mbs, m, kind, vh, count in family_specs(model, self.cluster, o,
-                                                                             self._layouts_of):
-            lkey = (tp * cp * dp, pp)
-            ckey = (tp, cp, ep, etp, mbs, kind.time_class)
-            cls = classes.get(ckey)
-            if cls is None:
+        # (tp, cp, ep, etp, mbs, time class) -> (_TimeClass, an int naming it: the screen keys its
+        # tables by it, hashing the class 10^6 times was a third of the enumeration)
+        classes: dict = {}
+        # (tp, cp, ep, etp, mbs) -> per layer execution (family_groups' i): (_TimeClass, int, its
+        # floor's _TimeClass, int)
+        kinds_of: dict = {}
+
+        def time_class(tp, cp, ep, etp, mbs, kind) -> tuple[_TimeClass, int]:
+            ckey = (tp, cp, ep, etp, mbs, kind)
+            got = classes.get(ckey)
+            if got is None:
                 ts = Strategy(tp=tp, cp=cp, ep=ep, etp=etp, micro_batch_size=mbs,
                               global_batch_size=o.global_batch_size, seq_length=o.seq_length,
                               sequence_parallel=tp > 1, precision=o.precision,
-                              **execution, **kind.time_class.fields(shared_overlap),
+                              **execution, **kind.fields(shared_overlap),
                               overlap_grad_reduce=True)
-                cls = classes[ckey] = _TimeClass(ts, time_key(ts))
-            res.candidates += count
-            screen.add(cls.base, ckey, pp, dp, m, kind.block, max(vh), self.layouts_cache[lkey].names)
-            specs.append(_FamilySpec(cls, pp, dp, kind.block, vh, lkey, count, m))
+                got = classes[ckey] = (_TimeClass(ts, time_key(ts)), len(classes))
+            return got
+
+        for tp, cp, pp, dp, ep, etp, mbs, m, fams in family_groups(model, self.cluster, o, self._layouts_of):
+            lkey = (tp * cp * dp, pp)
+            dkey = (tp, cp, ep, etp, mbs)
+            of = kinds_of.get(dkey)
+            if of is None:
+                of = kinds_of[dkey] = {}
+            rows = []
+            for k, kind, vh, count in fams:
+                got = of.get(k)
+                if got is None:
+                    cls, cid = time_class(tp, cp, ep, etp, mbs, kind.time_class)
+                    got = of[k] = (cls, cid, *time_class(tp, cp, ep, etp, mbs, kind.floor))
+                cls, cid, floor, floor_id = got
+                res.candidates += count
+                # the bytes a GPU can allocate are the same without recompute: keyed by the floor
+                rows.append((cls.base, cid, floor_id, kind.block, max(vh)))
+                specs.append(_FamilySpec(cls, floor, pp, dp, kind.block, vh, lkey, count, m))
+            screen.add_group(pp, dp, m, self.layouts_cache[lkey].names, rows)
         self._queue_screened(*screen.run())
 
     def _queue_families_of(self, other: "_BestFirst") -> None:
@@ -412,23 +439,41 @@ class _BestFirst:
         self.res.candidates = sum(spec.candidates for spec in self.specs)
         self._queue_screened(*self.screen.run_again(self.with_margin))
 
+    def _family_lb(self, i: int, spec: _FamilySpec, lay: _Layouts) -> float:
+        """The time bound of family i (a pure function of it, cached)."""
+        lb = self.family_lbs.get(i)
+        if lb is None:
+            lb = self.family_lbs[i] = self.bounds.family(spec.cls.base, spec.cls.tk, spec.pp, spec.m, spec.lkey[0],
+                                                         lay.caps, max(spec.vpps), lay.names)
+        return lb
+
+    def _floor_lb(self, spec: _FamilySpec, lay: _Layouts) -> float:
+        """The time bound of family spec's floor class on its placements: no more than its own
+        (LayerExecution.floor), shared by the families of one degrees that differ in recompute,
+        and cheaper (the bounds of recomputing classes are computed only for families reached)."""
+        key = (spec.floor.tk, spec.pp, spec.m, spec.lkey, max(spec.vpps))
+        lb = self.floor_lbs.get(key)
+        if lb is None:
+            lb = self.floor_lbs[key] = self.bounds.family(spec.floor.base, spec.floor.tk, spec.pp, spec.m,
+                                                          spec.lkey[0], lay.caps, max(spec.vpps), lay.names)
+        return lb
+
     def _queue_screened(self, may_fit: np.ndarray, peak_lbs: np.ndarray) -> None:
-        """Queue the families that may fit, bounded over all their stage placements."""
+        """Queue the families that may fit, bounded over all their stage placements: under their
+        own bound when it is known or their class recomputes nothing, else under their floor
+        class's (_floor_lb; _expand_family computes their own when they are reached)."""
         specs, res = self.specs, self.res
-        # a family's time bound is a pure function of it: a search sharing these families
-        # (families_of) reads those it has already bounded
-        known = self.families_of.family_lbs if self.families_of is not None else {}
         peaks = peak_lbs.tolist()
         entries = []
         for i in np.flatnonzero(may_fit).tolist():
             spec = specs[i]
             lay = self.layouts_cache[spec.lkey]
-            lb = known.get(i)
+            lb = self.family_lbs.get(i)
+            exact = lb is not None or spec.floor is spec.cls
             if lb is None:
-                lb = self.family_lbs[i] = self.bounds.family(spec.cls.base, spec.cls.tk, spec.pp, spec.m,
-                                                             spec.lkey[0], lay.caps, max(spec.vpps), lay.names)
+                lb = self._family_lb(i, spec, lay) if exact else self._floor_lb(spec, lay)
             entries.append((self._objective_lb(lb, lay.usd_min), next(self.tie), _FAMILY,
-                            _QueuedFamily(spec, lb, peaks[i])))
+                            _QueuedFamily(spec, lb, peaks[i], i, exact)))
         # one heapify for 10^5 families (the (bound, tie) keys are distinct: the pops come in the
         # order pushing them one by one gives)
         self.heap.extend(entries)
@@ -486,7 +531,7 @@ class _BestFirst:
             self._queue(payload)
             return None
         if kind == _FAMILY:
-            self._expand_family(payload)
+            self._expand_family(lb, payload)
             return None
         if kind == _CELL:
             self._expand_cell(payload)
@@ -502,8 +547,16 @@ class _BestFirst:
             return None
         return self._reach_candidate(lb, payload)
 
-    def _expand_family(self, entry: _QueuedFamily) -> None:
+    def _expand_family(self, lb: float, entry: _QueuedFamily) -> None:
         lay = self.layouts_cache[entry.spec.lkey]
+        if not entry.exact:
+            # queued under its floor class's bound: its own may be higher
+            own = self._family_lb(entry.index, entry.spec, lay)
+            entry = entry._replace(step_lb=own, exact=True)
+            bound = self._objective_lb(own, lay.usd_min)
+            if bound > lb * (1 + _REQUEUE_SLACK):
+                self._queue([_Pending(bound, _FAMILY, entry, entry.spec.candidates)])
+                return
         fam = _family_of(entry.spec, lay, entry.peak_lb)
         if self._dominated(entry.step_lb, fam.base.world_size, lay.usd_min, fam.peak_lb):
             self.res.pruned_dominated += fam.count

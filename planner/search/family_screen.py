@@ -18,8 +18,8 @@ candidates recompute at most all but one layer of each chunk, and keep more).
 
 The terms are tables shared by many families, each keyed by what it depends on: the states
 (degrees, data-parallel size, ZeRO stage, pp > 1), the activations (the time class: degrees,
-micro-batch, recompute; pp > 1), the bytes a GPU can allocate (the time class and the NCCL
-communicators a rank opens), the in-flight micro-batches (depth, micro-batch count, EP-overlap
+micro-batch, recompute; pp > 1), the bytes a GPU can allocate (the time class up to its recompute,
+and the NCCL communicators a rank opens), the in-flight micro-batches (depth, micro-batch count, EP-overlap
 schedule). A search screens its 10^5 families in one pass of numpy over families x ZeRO stages
 x node groups x layer kinds x points, so the families that cannot fit are never bounded in time.
 """
@@ -166,18 +166,33 @@ class FamilyScreen:
         """One family: `ts` its time class's strategy (any pp and dp; recompute 'none' for a block
         family), `cls_key` a key of that class, m its micro-batches, vmax its most virtual stages,
         names its node groups."""
-        # a search adds 10^5 families; the tables miss for a few thousand
+        self.add_group(pp, dp, m, names, [(ts, cls_key, cls_key, block, vmax)])
+
+    def add_group(self, pp: int, dp: int, m: int, names: tuple, families) -> None:
+        """Families of one degrees, depth, data-parallel size, micro-batch count and node groups,
+        in order: (ts, cls_key, alloc_key, block, vmax) each, as `add` takes them, alloc_key a key
+        of the class up to its recompute (the bytes a GPU can allocate do not depend on it). A
+        search adds 10^5-10^6 families in 10^4 groups; the tables miss for a few thousand."""
+        ts = families[0][0]
         states, ncomm = self._degrees.rows[self._degrees.index((ts.tp, ts.cp, ts.ep, ts.etp, dp, pp > 1),
                                                                self._degrees_row, ts, pp, dp)]
         pi = self._points.index(pp, self._points_row, pp)
         ni = self._names.index(names, self._names_row, names)
-        # activations depend on neither the depth nor the data-parallel size; the bytes a GPU
-        # can allocate not on recompute
-        ai = self._act.index((cls_key, block), self._act_row, ts, block)
-        li = self._alloc.index((cls_key, ncomm), self._alloc_row, ts, pp, dp)
-        fi = self._flight.index((pp, m, ts.overlap_moe_expert_parallel_comm), self._flight_row, ts, pp, dp)
-        slack = vmax - 1 if (self.uneven and not block) else 0
-        self._pending.append((states, ai, li, pi, fi, ni, slack))
+        act, alloc, flight = self._act.at, self._alloc.at, self._flight.at
+        pending = self._pending
+        for ts, cls_key, alloc_key, block, vmax in families:
+            # activations depend on neither the depth nor the data-parallel size
+            ai = act.get((cls_key, block))
+            if ai is None:
+                ai = self._act.index((cls_key, block), self._act_row, ts, block)
+            li = alloc.get((alloc_key, ncomm))
+            if li is None:
+                li = self._alloc.index((alloc_key, ncomm), self._alloc_row, ts, pp, dp)
+            fkey = (pp, m, ts.overlap_moe_expert_parallel_comm)
+            fi = flight.get(fkey)
+            if fi is None:
+                fi = self._flight.index(fkey, self._flight_row, ts, pp, dp)
+            pending.append((states, ai, li, pi, fi, ni, vmax - 1 if (self.uneven and not block) else 0))
 
     def run(self, every_peak: bool = False) -> tuple[np.ndarray, np.ndarray]:
         """(may fit, peak-bytes lower bound) of every family added since the last run, in order.

@@ -186,6 +186,15 @@ class LayerExecution:
         """What the family's bounds and screens price: a block family as recompute 'none'."""
         return _NO_RECOMPUTE if self.block else self
 
+    @property
+    def floor(self) -> "LayerExecution":
+        """Its time class without recompute: recompute only adds to a layer's time (cost/
+        compute.py layer_time's recompute term, the TP forward collectives it repeats), so a
+        bound of this class bounds this class too (the search queues a family under it and
+        computes its own only when it is reached)."""
+        tc = self.time_class
+        return tc if tc.recompute == "none" else LayerExecution(ep_overlap=tc.ep_overlap)
+
     def fields(self, shared_overlap: bool) -> dict:
         """The Strategy fields it sets (shared_overlap: the search's --moe-shared-expert-overlap)."""
         return {"recompute": self.recompute,
@@ -435,10 +444,12 @@ def zero_options(o: SearchOptions) -> list[int]:
     return zeros
 
 
-def family_specs(model: ModelSpec, cluster: ClusterSpec, o: SearchOptions, layouts_of):
-    """Every family of the space: (tp, cp, pp, dp, ep, etp, mbs, micro-batches, LayerExecution,
-    vpps, candidates). `layouts_of(per_stage, pp)` gives the stage orders a pipeline of that
-    shape has under o's GPU budget (0: none)."""
+def family_groups(model: ModelSpec, cluster: ClusterSpec, o: SearchOptions, layouts_of):
+    """Every family of the space, grouped by what they share: (tp, cp, pp, dp, ep, etp, mbs,
+    micro-batches, [(i, LayerExecution, vpps, candidates), ...]), one entry per degrees and
+    micro-batch with its layer executions, i each one's place in layer_executions(model, o, ep)
+    (10^5 families in 10^4 groups: the search handles a group's families together). `layouts_of(per_stage, pp)` gives the stage orders a pipeline
+    of that shape has under o's GPU budget (0: none)."""
     fixed = dict(o.fixed)
     L = model.num_layers
     mbs_opts = [fixed["mbs"]] if "mbs" in fixed else list(MICRO_BATCHES)
@@ -456,11 +467,12 @@ def family_specs(model: ModelSpec, cluster: ClusterSpec, o: SearchOptions, layou
             if o.global_batch_size % (mbs * dp):
                 continue
             m = o.global_batch_size // (mbs * dp)
-            vpps = [v for v in vpp_opts
-                    if v == 1 or (pp >= 2 and m % pp == 0 and "interleaved" in o.schedules
-                                  and L >= pp * v and (o.uneven_chunks or L % v == 0))]
-            for kind in kinds:
-                vh = tuple(vpps)
+            vpps = tuple(v for v in vpp_opts
+                         if v == 1 or (pp >= 2 and m % pp == 0 and "interleaved" in o.schedules
+                                       and L >= pp * v and (o.uneven_chunks or L % v == 0)))
+            fams = []
+            for i, kind in enumerate(kinds):
+                vh = vpps
                 if kind.block:
                     # a block family is bounded as if nothing were recomputed (its candidates add
                     # the recompute of their k layers per chunk); its chunks stay even
@@ -469,7 +481,17 @@ def family_specs(model: ModelSpec, cluster: ClusterSpec, o: SearchOptions, layou
                     vh = tuple(v for v in vpps if v > 1)   # Megatron: a virtual pipeline when pp > 1
                 count = n_orders * len(vh) * n_zero
                 if count:
-                    yield tp, cp, pp, dp, ep, etp, mbs, m, kind, vh, count
+                    fams.append((i, kind, vh, count))
+            if fams:
+                yield tp, cp, pp, dp, ep, etp, mbs, m, fams
+
+
+def family_specs(model: ModelSpec, cluster: ClusterSpec, o: SearchOptions, layouts_of):
+    """Every family of the space: (tp, cp, pp, dp, ep, etp, mbs, micro-batches, LayerExecution,
+    vpps, candidates); family_groups one by one."""
+    for *degrees, fams in family_groups(model, cluster, o, layouts_of):
+        for _, *fam in fams:
+            yield (*degrees, *fam)
 
 
 def space_worlds(model: ModelSpec, cluster: ClusterSpec, o: SearchOptions) -> dict[int, int]:
