@@ -234,7 +234,7 @@ def _assert_margin_screens(model, cluster, s, e, uneven, budget):
     screen = FamilyScreen(model, cluster, (s.zero_stage,), uneven, True)
     names = tuple(sorted({g for orders in layouts.values() for gs in orders for g in gs}))
     screen.add(base, time_key(base), base.pp, base.dp, base.num_microbatches, block, s.vpp, names)
-    [fits], _ = screen.run(every_peak=True)
+    [fits], _, _ = screen.run(every_peak=True)
     assert fits, s
 
 

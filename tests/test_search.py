@@ -157,9 +157,13 @@ def _assert_family_screen_passes(model, cluster, s, uneven, budget=GpuBudget()):
                     recompute="none" if block else s.recompute, sequence_parallel=s.tp > 1,
                     precision=s.precision, overlap_grad_reduce=True,
                     **{f: getattr(s, f) for f in _EXECUTION_FIELDS})
-    [fits], [peak_lb] = _screen_families(model, cluster, [base], block, (s.vpp,), (s.zero_stage,), uneven,
-                                          stage_layouts(cluster, s.gpus_per_stage, s.pp, budget))
+    layouts = stage_layouts(cluster, s.gpus_per_stage, s.pp, budget)
+    [fits], _, [peak_lb] = _screen_families(model, cluster, [base], block, (s.vpp,), (s.zero_stage,), uneven, layouts)
     assert fits, s
+    # nor, screened with every ZeRO stage, under its own (the search builds only those)
+    zeros = (0, 1, 2, 3)
+    [fits], [zero_fit], _ = _screen_families(model, cluster, [base], block, (s.vpp,), zeros, uneven, layouts)
+    assert fits and zero_fit[zeros.index(s.zero_stage)], s
     return peak_lb
 
 
@@ -751,14 +755,17 @@ def test_family_screen_shares_only_what_each_table_leaves_out(model):
                 shared.add(base, time_key(base), pp, dp, base.num_microbatches, block, 1, names)
                 added.append((base, block, names))
                 alone.append(_screen_families(model, MIXED, [base], block, (1,), (0, 1, 3), False, layouts))
-    fit, peak = shared.run(every_peak=True)
+    fit, zero_fit, peak = shared.run(every_peak=True)
     assert len(alone) > 40 and 0 < fit.sum() < len(fit)   # both verdicts occur
-    assert [(bool(f), float(p)) for f, p in zip(fit, peak)] == [(bool(f[0]), float(p[0])) for f, p in alone]
+    assert [(bool(f), float(p)) for f, p in zip(fit, peak)] == [(bool(f[0]), float(p[0])) for f, _, p in alone]
+    assert (zero_fit == np.array([z[0] for _, z, _ in alone])).all() and (fit == zero_fit.any(axis=1)).all()
+    # some family may fit under one ZeRO stage and not another: the search expands only those
+    assert (zero_fit.any(axis=1) & ~zero_fit.all(axis=1)).any()
     # the search's own run bounds the peak of the families that may fit, the others on demand
     again = FamilyScreen(model, MIXED, (0, 1, 3), False)
     for base, block, names in added:
         again.add(base, time_key(base), base.pp, base.dp, base.num_microbatches, block, 1, names)
-    fit2, peak2 = again.run()
+    fit2, _, peak2 = again.run()
     unfit = np.flatnonzero(~fit2)
     assert (fit2 == fit).all() and (peak2[fit] == peak[fit]).all() and np.isnan(peak2[unfit]).all()
     assert (again.peaks(unfit) == peak[unfit]).all()

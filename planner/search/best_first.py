@@ -55,6 +55,7 @@ class _Family:
     count: int                     # candidates it stands for
     peak_lb: float = 0.0           # peak bytes per GPU no candidate of it goes below
     names: tuple | None = None     # the groups its layouts use, sorted (None: read from layouts)
+    zeros: tuple | None = None     # the ZeRO stages under which it may fit (None: every one searched)
 
 
 @dataclass
@@ -103,6 +104,7 @@ class _QueuedFamily(NamedTuple):
     peak_lb: float                 # peak bytes per GPU no candidate of it goes below
     index: int                     # of the spec in the search's specs
     exact: bool                    # step_lb is the family's own bound, not its floor class's
+    zeros: tuple                   # the ZeRO stages under which it may fit (family_screen.py)
 
 
 class _Child(NamedTuple):
@@ -142,12 +144,12 @@ def _entry_count(kind: int, payload) -> int:
     return 1
 
 
-def _family_of(spec: _FamilySpec, lay: _Layouts, peak_lb: float = 0.0) -> _Family:
+def _family_of(spec: _FamilySpec, lay: _Layouts, peak_lb: float = 0.0, zeros: tuple | None = None) -> _Family:
     """The _Family of one of the search's family specs."""
     ts, tk = spec.cls
     # a group has stages in some layout exactly when its cap is > 0
     return _Family(ts.with_(pp=spec.pp, dp=spec.dp), tk, spec.block, spec.vpps, lay.layouts, spec.candidates,
-                   peak_lb, names=lay.names)
+                   peak_lb, names=lay.names, zeros=zeros)
 
 
 def _child(fam: _Family, vpp: int, z: int, groups: tuple,
@@ -458,13 +460,17 @@ class _BestFirst:
                                                           spec.lkey[0], lay.caps, max(spec.vpps), lay.names)
         return lb
 
-    def _queue_screened(self, may_fit: np.ndarray, peak_lbs: np.ndarray) -> None:
+    def _queue_screened(self, may_fit: np.ndarray, zero_fit: np.ndarray, peak_lbs: np.ndarray) -> None:
         """Queue the families that may fit, bounded over all their stage placements: under their
         own bound when it is known or their class recomputes nothing, else under their floor
         class's (_floor_lb; _expand_family computes their own when they are reached)."""
         specs, res = self.specs, self.res
         peaks = peak_lbs.tolist()
         entries = []
+        # the ZeRO stages each family may fit under: bit k of its mask for zero_opts[k]
+        zero_sets = [tuple(z for k, z in enumerate(self.zero_opts) if mask >> k & 1)
+                     for mask in range(2 ** len(self.zero_opts))]
+        masks = (zero_fit * (1 << np.arange(len(self.zero_opts)))).sum(axis=1).tolist()
         for i in np.flatnonzero(may_fit).tolist():
             spec = specs[i]
             lay = self.layouts_cache[spec.lkey]
@@ -473,7 +479,7 @@ class _BestFirst:
             if lb is None:
                 lb = self._family_lb(i, spec, lay) if exact else self._floor_lb(spec, lay)
             entries.append((self._objective_lb(lb, lay.usd_min), next(self.tie), _FAMILY,
-                            _QueuedFamily(spec, lb, peaks[i], i, exact)))
+                            _QueuedFamily(spec, lb, peaks[i], i, exact, zero_sets[masks[i]])))
         # one heapify for 10^5 families (the (bound, tie) keys are distinct: the pops come in the
         # order pushing them one by one gives)
         self.heap.extend(entries)
@@ -557,14 +563,17 @@ class _BestFirst:
             if bound > lb * (1 + _REQUEUE_SLACK):
                 self._queue([_Pending(bound, _FAMILY, entry, entry.spec.candidates)])
                 return
-        fam = _family_of(entry.spec, lay, entry.peak_lb)
+        fam = _family_of(entry.spec, lay, entry.peak_lb, entry.zeros)
         if self._dominated(entry.step_lb, fam.base.world_size, lay.usd_min, fam.peak_lb):
             self.res.pruned_dominated += fam.count
             return
         items = []
+        # the candidates under ZeRO stages the family screen ruled out are never built
+        per_zero = fam.count // len(self.zero_opts)
+        self.res.pruned_memory += per_zero * (len(self.zero_opts) - len(fam.zeros))
         for counts, orders in fam.layouts.items():
-            n = len(orders) * len(fam.vpps) * len(self.zero_opts)
-            cb = self.bounds.cell(fam.base, fam.tk, orders[0], fam.vpps, self.zero_opts)
+            n = len(orders) * len(fam.vpps) * len(fam.zeros)
+            cb = self.bounds.cell(fam.base, fam.tk, orders[0], fam.vpps, fam.zeros)
             cell = _Cell(fam, tuple(orders), n, cb, lay.usd[counts])
             items.append(_Pending(self._objective_lb(cb, lay.usd[counts]), _CELL, cell, n))
         self._queue(items)
@@ -578,7 +587,7 @@ class _BestFirst:
         self._queue([_Pending(self._objective_lb(b, cell.usd_hour), kind,
                               _Child(fam, vpp, z, groups, b, cell.usd_hour), 1)
                      for b, vpp, z, groups in self.bounds.children(fam.base, fam.tk, cell.orders, fam.vpps,
-                                                                   self.zero_opts)])
+                                                                   fam.zeros)])
 
     def _initial_split(self, fam: _Family, c: Strategy, groups: tuple, uneven: bool):
         """split.initial_split of a candidate c of family fam, cached: it reads c's depth, vpp

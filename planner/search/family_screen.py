@@ -3,7 +3,8 @@ recompute; every stage placement, vpp and ZeRO stage) can fit, and a lower bound
 bytes per GPU of all of its candidates, for many families at once.
 
 Stage i holds at most the layers that fit on the roomiest GPU of the family's node groups
-under the most sparing ZeRO stage at vpp 1 (virtual stages only keep more micro-batches in
+under each ZeRO stage (every rank of a candidate runs the same one: a family may fit under
+some and not others, and the search builds candidates only under those) at vpp 1 (virtual stages only keep more micro-batches in
 flight; an uneven rank of n layers holds at least the activations of the even v floor(n / v)
 below it, hence a slack of v - 1 layers), with the lower bounds of cost/memory.py: a rank
 holds >= fixed + per-layer x layers bytes, fixed = stage_fixed_bytes_parts (bytes + bytes per
@@ -194,15 +195,17 @@ class FamilyScreen:
                 fi = self._flight.index(fkey, self._flight_row, ts, pp, dp)
             pending.append((states, ai, li, pi, fi, ni, vmax - 1 if (self.uneven and not block) else 0))
 
-    def run(self, every_peak: bool = False) -> tuple[np.ndarray, np.ndarray]:
-        """(may fit, peak-bytes lower bound) of every family added since the last run, in order.
-        The peak bound is computed for the families that may fit (the search prunes dominated
-        ones with it), nan for the others unless every_peak (see `peaks`)."""
+    def run(self, every_peak: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(may fit, may fit under each ZeRO stage, peak-bytes lower bound) of every family added
+        since the last run, in order (F, (F, Z), F; Z the zeros given, in order). A family may
+        fit when one of its ZeRO stages may (every rank of a candidate runs the same one). The
+        peak bound is computed for the families that may fit (the search prunes dominated ones
+        with it), nan for the others unless every_peak (see `peaks`)."""
         rows, self._pending = self._pending, []
         self._ran = rows
         return self._run(rows, every_peak, self.with_margin)
 
-    def run_again(self, with_margin: bool) -> tuple[np.ndarray, np.ndarray]:
+    def run_again(self, with_margin: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """run's answer for the families of the last run with or without the memory model's
         margin (the search for TIGHT plans screens the families of the search safe by default
         without it): what a screen made with that with_margin would give."""
@@ -212,15 +215,15 @@ class FamilyScreen:
         """The peak-bytes lower bounds of the families at `index` of the last run (the search
         asks for those of families that cannot fit only when no plan fits)."""
         margin = self.with_margin if with_margin is None else with_margin
-        return self._run([self._ran[i] for i in index], True, margin)[1]
+        return self._run([self._ran[i] for i in index], True, margin)[2]
 
-    def _run(self, rows: list, every_peak: bool, with_margin: bool) -> tuple[np.ndarray, np.ndarray]:
-        fit, peak = np.zeros(len(rows), bool), np.full(len(rows), np.nan)
+    def _run(self, rows: list, every_peak: bool, with_margin: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        fit, peak = np.zeros((len(rows), len(self.zeros)), bool), np.full(len(rows), np.nan)
         for lo in range(0, len(rows), _CHUNK):
             part = list(zip(*rows[lo:lo + _CHUNK]))
             fit[lo:lo + _CHUNK], peak[lo:lo + _CHUNK] = self._screen(*(np.array(c) for c in part),
                                                                      every_peak=every_peak, with_margin=with_margin)
-        return fit, peak
+        return fit.any(axis=1), fit, peak
 
     def _screen(self, si, ai, li, pi, fi, ni, slack, every_peak: bool, with_margin: bool):
         """The screen over F families (si: F x Z state rows; the others F row indices)."""
@@ -239,26 +242,26 @@ class FamilyScreen:
         per_kind = st_layer[si][..., None] + (kept[ai][:, :, None] * flight[:, None, :])[:, None, None]
         per = np.minimum(per_kind[:, :, :, 0], per_kind[:, :, :, 1])             # (F, Z, G, P)
         free = alloc[:, None, :, None] - fixed[:, :, None, :]
-        # the most layers a rank holds on its roomiest group and ZeRO stage: of the lighter
-        # kind, but of a model with both kinds at most its n_dense dense layers, MoE layers in
-        # the rest (screen.py most_layers); floor(max) = max(floor), and a rounded quotient
-        # only errs up (the screen stays safe)
+        # the most layers a rank holds on its roomiest group under each ZeRO stage: of the
+        # lighter kind, but of a model with both kinds at most its n_dense dense layers, MoE
+        # layers in the rest (screen.py most_layers); floor(max) = max(floor), and a rounded
+        # quotient only errs up (the screen stays safe)
         if len(self.model.layer_kinds) > 1:
             most = most_layers(free, per_kind[:, :, :, 0], per_kind[:, :, :, _MOE], self.model.num_dense_layers)
-            room = np.maximum(most.max(axis=(1, 2)), 0)                          # (F, P)
+            room = np.maximum(most.max(axis=2), 0)                               # (F, Z, P)
         else:
-            room = np.maximum(np.floor((free / per).max(axis=(1, 2))), 0)       # (F, P)
-        sl = slack[:, None]
-        fit = ((mult * np.minimum(room + sl, L)).sum(axis=1) >= L) & (room[:, 0] >= 1) & \
-            (room[np.arange(len(pi)), last] >= 1)
+            room = np.maximum(np.floor((free / per).max(axis=2)), 0)            # (F, Z, P)
+        sl, m3 = slack[:, None, None], mult[:, None, :]
+        fit = ((m3 * np.minimum(room + sl, L)).sum(axis=2) >= L) & (room[:, :, 0] >= 1) & \
+            (room[np.arange(len(pi)), :, last] >= 1)                              # (F, Z)
         if len(self.model.layer_kinds) > 1:
             n_moe = self.model.num_moe_layers
-            moe_room = np.maximum(np.floor((free / per_kind[:, :, :, _MOE]).max(axis=(1, 2))), 0)
-            fit &= (mult * np.minimum(moe_room + sl, n_moe)).sum(axis=1) >= n_moe
+            moe_room = np.maximum(np.floor((free / per_kind[:, :, :, _MOE]).max(axis=2)), 0)
+            fit &= (m3 * np.minimum(moe_room + sl, n_moe)).sum(axis=2) >= n_moe
         # peak: screen.peak_bytes_lower_bound with each point's least per-layer bytes over the
         # family's groups (at least one layer a rank), the least over the ZeRO stages
         peak = np.full(len(fit), np.nan)
-        w = slice(None) if every_peak else fit
+        w = slice(None) if every_peak else fit.any(axis=1)
         groups, per, fixed, mult, slack, valid = groups[w], per[w], fixed[w], mult[w], slack[w], valid[w]
         least = np.where(groups[:, None, :, None], per, np.inf).min(axis=2)      # (F, Z, P)
         m3, sl3 = mult[:, None, :], slack[:, None]
