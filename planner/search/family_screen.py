@@ -4,9 +4,9 @@ bytes per GPU of all of its candidates, for many families at once.
 
 Stage i holds at most the layers that fit on the roomiest GPU of the family's node groups
 under each ZeRO stage (every rank of a candidate runs the same one: a family may fit under
-some and not others, and the search builds candidates only under those) at vpp 1 (virtual stages only keep more micro-batches in
-flight; an uneven rank of n layers holds at least the activations of the even v floor(n / v)
-below it, hence a slack of v - 1 layers), with the lower bounds of cost/memory.py: a rank
+some and not others, and the search builds candidates only under those) at vpp 1 (virtual
+stages only keep more micro-batches in flight; an uneven rank of n layers holds at least the
+activations of the even v floor(n / v) below it, hence a slack of v - 1 layers), with the lower bounds of cost/memory.py: a rank
 holds >= fixed + per-layer x layers bytes, fixed = stage_fixed_bytes_parts (bytes + bytes per
 micro-batch x in flight), per-layer = layer_memory_bytes (states + kept activations x in
 flight). Under 1F1B a later middle stage keeps no more micro-batches than an earlier one
