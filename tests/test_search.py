@@ -158,13 +158,13 @@ def _assert_family_screen_passes(model, cluster, s, uneven, budget=GpuBudget()):
                     precision=s.precision, overlap_grad_reduce=True,
                     **{f: getattr(s, f) for f in _EXECUTION_FIELDS})
     layouts = stage_layouts(cluster, s.gpus_per_stage, s.pp, budget)
-    [fits], _, [peak_lb] = _screen_families(model, cluster, [base], block, (s.vpp,), (s.zero_stage,), uneven, layouts)
-    assert fits, s
+    got = _screen_families(model, cluster, [base], block, (s.vpp,), (s.zero_stage,), uneven, layouts)
+    assert got.may_fit[0], s
     # nor, screened with every ZeRO stage, under its own (the search builds only those)
     zeros = (0, 1, 2, 3)
-    [fits], [zero_fit], _ = _screen_families(model, cluster, [base], block, (s.vpp,), zeros, uneven, layouts)
-    assert fits and zero_fit[zeros.index(s.zero_stage)], s
-    return peak_lb
+    every = _screen_families(model, cluster, [base], block, (s.vpp,), zeros, uneven, layouts)
+    assert every.may_fit[0] and every.zero_fit[0][zeros.index(s.zero_stage)], s
+    return got.peak[0]
 
 
 def _screen_families(model, cluster, bases, block, vpps, zeros, uneven, layouts):
@@ -755,20 +755,28 @@ def test_family_screen_shares_only_what_each_table_leaves_out(model):
                 shared.add(base, time_key(base), pp, dp, base.num_microbatches, block, 1, names)
                 added.append((base, block, names))
                 alone.append(_screen_families(model, MIXED, [base], block, (1,), (0, 1, 3), False, layouts))
-    fit, zero_fit, peak = shared.run(every_peak=True)
+    fit, zero_fit, peak, _ = shared.run(every_peak=True)
     assert len(alone) > 40 and 0 < fit.sum() < len(fit)   # both verdicts occur
-    assert [(bool(f), float(p)) for f, p in zip(fit, peak)] == [(bool(f[0]), float(p[0])) for f, _, p in alone]
-    assert (zero_fit == np.array([z[0] for _, z, _ in alone])).all() and (fit == zero_fit.any(axis=1)).all()
+    assert [(bool(f), float(p)) for f, p in zip(fit, peak)] == [(bool(a.may_fit[0]), float(a.peak[0])) for a in alone]
+    assert (zero_fit == np.array([a.zero_fit[0] for a in alone])).all() and (fit == zero_fit.any(axis=1)).all()
     # some family may fit under one ZeRO stage and not another: the search expands only those
     assert (zero_fit.any(axis=1) & ~zero_fit.all(axis=1)).any()
     # the search's own run bounds the peak of the families that may fit, the others on demand
     again = FamilyScreen(model, MIXED, (0, 1, 3), False)
     for base, block, names in added:
         again.add(base, time_key(base), base.pp, base.dp, base.num_microbatches, block, 1, names)
-    fit2, _, peak2 = again.run()
+    fit2, _, peak2, _ = again.run()
     unfit = np.flatnonzero(~fit2)
     assert (fit2 == fit).all() and (peak2[fit] == peak[fit]).all() and np.isnan(peak2[unfit]).all()
     assert (again.peaks(unfit) == peak[unfit]).all()
+    # a screen with the memory model's margin gives the verdict without it too (the search's
+    # TIGHT phase): what a screen without the margin gives, and never less than with it
+    margin = FamilyScreen(model, MIXED, (0, 1, 3), False, with_margin=True)
+    for base, block, names in added:
+        margin.add(base, time_key(base), base.pp, base.dp, base.num_microbatches, block, 1, names)
+    got = margin.run(every_peak=True)
+    assert (got.tight_zero_fit == zero_fit).all() and (got.zero_fit <= got.tight_zero_fit).all()
+    assert (got.zero_fit < got.tight_zero_fit).any() and (got.peak == peak).all()
 
 
 def test_a_ranks_memory_is_its_own():
@@ -847,9 +855,8 @@ def _outcome(r):
 ], ids=["h100", "h100+a100", "two-site-all", "cost", "one-node-top5", "one-node-top8", "moe-dense-first",
      "allow-tight-uneven"])
 def test_parallel_search_returns_what_the_serial_one_does(model, cluster, options, monkeypatch):
-    """jobs 2 (a second process runs the search for TIGHT plans beside the first, then prices
-    candidates ahead of it) returns the same top K, the same TIGHT plan beside them and the same
-    counts as jobs 1, on the brute-force cases above; so does a parallel search whose second
+    """jobs 2 (a second process prices candidates ahead of the search) returns the same top K,
+    the same TIGHT plan beside them and the same counts as jobs 1, on the brute-force cases above; so does a parallel search whose second
     process dies at once, or at its first candidate (the search then does the work itself)."""
     import planner.search.helper as H
 
@@ -865,7 +872,6 @@ def _helper_dies_at_once(conn, *args):
 
 
 def _helper_dies_at_its_first_candidate(conn, *args):
-    conn.send(("tight", None))
     conn.send(("ready", None))
     conn.recv()
     conn.close()
@@ -873,8 +879,7 @@ def _helper_dies_at_its_first_candidate(conn, *args):
 
 def test_the_parallel_cases_reach_every_path():
     """The cases above are not vacuous: on one node a TIGHT plan is faster than #1 and closes a
-    list of 5 (four plans fit with margin: the TIGHT one comes from the search beside), and a
-    list of 8 needs more TIGHT plans than that search's one (it is run again for them)."""
+    list of 5 (four plans fit with margin), and a list of 8 needs more than one TIGHT plan."""
     five = search(MODEL, H100_ALONE, replace(OPTIONS, top=5, allow_tight=False, jobs=2))
     assert five.fastest_tight is not None and five.tight_listed == 1 and len(five.plans) == 5
     eight = search(MODEL, H100_ALONE, replace(OPTIONS, top=8, allow_tight=False, jobs=2))
@@ -890,7 +895,7 @@ def test_the_helper_prices_a_candidate_as_the_search_does():
 
     o = replace(OPTIONS, top=3, jobs=2)
     cands = [e.strategy for e in search(MODEL, MIXED, replace(o, jobs=1)).priced_estimates[:2]]
-    helper = Helper.start(MODEL, MIXED, o, None, None, None)   # no search for TIGHT plans first
+    helper = Helper.start(MODEL, MIXED, o)
     try:
         while not helper.ready:
             helper.receive(True)
@@ -936,8 +941,8 @@ def _sweep_search_noting_its_jobs(args):
 
 
 def test_a_parallel_search_stopped_by_its_time_limit_ends_as_the_serial_one(monkeypatch):
-    """With the time limit spent before its families are queued, a parallel search asks its
-    helper for no search for TIGHT plans and ends at the limit as the serial one does."""
+    """With the time limit spent before its families are queued, a search (serial or parallel)
+    runs no TIGHT phase and ends at the limit as the serial one does."""
     import itertools as it
 
     import planner.search.best_first as P

@@ -5,7 +5,12 @@ K-th best plan found is better than every bound left.
 
 The queue holds (bound, tie, kind, payload) entries: the bound and a unique tie order them,
 the kind says what the payload is (a family, a cell, a candidate, a candidate queued again
-with a higher bound, a block-recompute candidate, or entries set aside as out of reach)."""
+with a higher bound, a block-recompute candidate, or entries set aside as out of reach:
+entries.py).
+
+Safe by default, the memory screens leave the memory model's margin; what they rule out that
+may still fit within it (TIGHT) is set aside in a second queue and searched after the first,
+for the TIGHT plans the result reports beside the plans that fit with margin (_take_tight)."""
 
 from __future__ import annotations
 
@@ -13,8 +18,7 @@ import gc
 import heapq
 import itertools
 import time
-from dataclasses import dataclass, replace
-from typing import NamedTuple
+from dataclasses import replace
 
 import numpy as np
 
@@ -25,6 +29,8 @@ from ..specs.model import ModelSpec
 from ..strategy import Strategy
 from .bounds import Bounds
 from .family_screen import FamilyScreen
+from .entries import (BLOCK, CAND, CELL, DEFERRED, FAMILY, REQUEUED, Cell, Child, Family, FamilySpec, Layouts,
+                      Pending, QueuedFamily, Requeued, TimeClass, child_strategy, entry_count, family_of)
 from .helper import Helper
 from .objective import check_objective, figures, usd_per_hour, usd_per_million_tokens
 from .pricing import add_effects, ilp_cross_check, priced_apart
@@ -34,131 +40,11 @@ from .space import (PROGRESS_INTERVAL_S, SearchOptions, SearchProgress, SearchRe
                     zero_options, stage_layouts)
 from .split import initial_split, with_split
 
-# heap entry kinds
-_FAMILY, _CELL, _CAND, _REQUEUED, _BLOCK, _DEFERRED = 0, 1, 2, 3, 4, 5
-
 # A screened candidate goes back in the queue only when its bound rose by more than rounding.
 _REQUEUE_SLACK = 1e-9
 
 # Families ruled out by memory whose smallest candidate is tried for the closest-plan report.
 _CLOSEST_FAMILIES = 32
-
-
-@dataclass
-class _Family:
-    """Degrees x micro-batch x recompute: every stage placement, vpp, ZeRO stage and order."""
-    base: Strategy                 # vpp 1, no placement; recompute 'none' for a block family
-    tk: Strategy
-    block: bool
-    vpps: tuple[int, ...]
-    layouts: dict                  # stage counts per group -> stage orders
-    count: int                     # candidates it stands for
-    peak_lb: float = 0.0           # peak bytes per GPU no candidate of it goes below
-    names: tuple | None = None     # the groups its layouts use, sorted (None: read from layouts)
-    zeros: tuple | None = None     # the ZeRO stages under which it may fit (None: every one searched)
-
-
-@dataclass
-class _Cell:
-    family: _Family
-    orders: tuple
-    count: int
-    step_lb: float                 # seconds no candidate of the cell beats
-    usd_hour: float | None         # USD an hour of the GPUs its candidates are charged for
-
-
-class _TimeClass(NamedTuple):
-    """What families of one time class share: their strategy (no pp, dp or placement yet) and
-    its time key."""
-    base: Strategy
-    tk: Strategy
-
-
-class _Layouts(NamedTuple):
-    """The stage layouts of one pipeline shape (GPUs per stage, pp) under the GPU budget."""
-    layouts: dict                  # stage counts per group -> stage orders (stage_layouts)
-    n_orders: int                  # stage orders in all
-    caps: dict                     # most stages any layout puts on each group
-    usd: dict                      # stage counts -> USD an hour of the GPUs charged (None: unpriced)
-    usd_min: float | None          # the least of those, when every layout is priced
-    names: tuple                   # the groups with caps > 0, sorted
-
-
-class _FamilySpec(NamedTuple):
-    """A family as the space enumerates it (its _Family is built only when it is reached)."""
-    cls: _TimeClass
-    floor: _TimeClass              # its class without recompute (LayerExecution.floor): cls when none
-    pp: int
-    dp: int
-    block: bool
-    vpps: tuple[int, ...]
-    lkey: tuple                    # (GPUs per stage, pp): the key of its _Layouts
-    candidates: int
-    m: int                         # micro-batches
-
-
-class _QueuedFamily(NamedTuple):
-    """A _FAMILY entry's payload."""
-    spec: _FamilySpec
-    step_lb: float                 # seconds no candidate of the family beats
-    peak_lb: float                 # peak bytes per GPU no candidate of it goes below
-    index: int                     # of the spec in the search's specs
-    exact: bool                    # step_lb is the family's own bound, not its floor class's
-    zeros: tuple                   # the ZeRO stages under which it may fit (family_screen.py)
-
-
-class _Child(NamedTuple):
-    """A _CAND or _BLOCK entry's payload: one candidate of a cell, built when it is reached."""
-    family: _Family
-    vpp: int
-    zero: int
-    groups: tuple
-    step_lb: float
-    usd_hour: float | None
-
-
-class _Requeued(NamedTuple):
-    """A _REQUEUED entry's payload: a built candidate queued again under a higher bound."""
-    strategy: Strategy
-    step_lb: float
-    usd_hour: float | None
-    peak_lb: float                 # peak bytes per GPU it does not go below
-
-
-class _Pending(NamedTuple):
-    """An entry to queue, or to set aside in a _DEFERRED entry's payload (a list of them)."""
-    bound: float                   # objective bound
-    kind: int
-    payload: object
-    candidates: int
-
-
-def _entry_count(kind: int, payload) -> int:
-    """Candidates a queued entry stands for."""
-    if kind == _FAMILY:
-        return payload.spec.candidates
-    if kind == _CELL:
-        return payload.count
-    if kind == _DEFERRED:
-        return sum(it.candidates for it in payload)
-    return 1
-
-
-def _family_of(spec: _FamilySpec, lay: _Layouts, peak_lb: float = 0.0, zeros: tuple | None = None) -> _Family:
-    """The _Family of one of the search's family specs."""
-    ts, tk = spec.cls
-    # a group has stages in some layout exactly when its cap is > 0
-    return _Family(ts.with_(pp=spec.pp, dp=spec.dp), tk, spec.block, spec.vpps, lay.layouts, spec.candidates,
-                   peak_lb, names=lay.names, zeros=zeros)
-
-
-def _child(fam: _Family, vpp: int, z: int, groups: tuple,
-           cluster: ClusterSpec) -> tuple[Strategy, tuple[str, ...]]:
-    """The Strategy of a queued candidate (built only when it is reached)."""
-    c = fam.base.with_(vpp=vpp, schedule="interleaved" if vpp > 1 else "1f1b", zero_stage=z,
-                       overlap_param_gather=z >= 1, stage_node_groups=groups if cluster.is_heterogeneous else None)
-    return c, groups
-
 
 def _closest_of(model, cluster, families: list, zeros) -> tuple | None:
     """(bytes short, strategy) of the family candidate closest to fitting: each family's first
@@ -167,7 +53,7 @@ def _closest_of(model, cluster, families: list, zeros) -> tuple | None:
     for fam in families:
         orders = next(iter(fam.layouts.values()))
         for z in zeros:
-            c, groups = _child(fam, 1, z, orders[0], cluster)
+            c, groups = child_strategy(fam, 1, z, orders[0], cluster)
             if fam.block:
                 c = replace(c, recompute="full")
             valid, split = initial_split(model, cluster, c, groups, uneven=False)
@@ -183,10 +69,11 @@ def _closest_of(model, cluster, families: list, zeros) -> tuple | None:
 def search(model: ModelSpec, cluster: ClusterSpec, o: SearchOptions, progress=None) -> SearchResult:
     """The top o.top plans of the space under the cost model, best first by o.objective: with
     o.keep_dominated the best distinct plans, else the best of those no plan of the space
-    dominates. `progress`, if given, is called with a SearchProgress every
-    PROGRESS_INTERVAL_S seconds. With o.jobs >= 2 a second process (search/helper.py) runs the search
-    for TIGHT plans beside this one, then prices candidates ahead of it: the same plans and
-    counts as o.jobs 1."""
+    dominates; safe by default (not o.allow_tight), the plans that fit with the memory model's
+    margin, with the fastest TIGHT plan when it beats #1 (and TIGHT plans closing a list that
+    fewer than K plans fit with margin). `progress`, if given, is called with a SearchProgress
+    every PROGRESS_INTERVAL_S seconds. With o.jobs >= 2 a second process (search/helper.py)
+    prices candidates ahead of the search: the same plans and counts as o.jobs 1."""
     # The search keeps 10^5-10^6 small tuples alive (families, queue entries, cache keys), and
     # every cyclic garbage collection walks them all: 30% of DeepSeek-V3's search on mixed-512
     # (14.5 s -> 10.3 s without it, measured side by side). It makes no reference cycles that
@@ -196,17 +83,11 @@ def search(model: ModelSpec, cluster: ClusterSpec, o: SearchOptions, progress=No
     helper = None
     try:
         first = _BestFirst(model, cluster, o, progress)
-        first.queue_families()
         if o.jobs >= 2:
-            # the helper starts once the families are queued and shares them: enumerating its
-            # own beside this process was faster on an idle machine but doubled that work, and
-            # with another job on the second core took longer than the serial search (Qwen3-235B
-            # at 8192: 19.4 s and 23.5 s against 15.5 s and 14.9 s; sharing: 15.1 s and 15.9 s)
-            left = o.time_limit_s - (time.perf_counter() - first.t0)
-            tight_o = None if o.allow_tight or left <= 0 else _tight_options(o, 1, left)
-            helper = first.helper = Helper.start(model, cluster, o, first, tight_o, _BestFirst)
-        res = first.take_best_first()
-        return res if o.allow_tight else _with_tight_plans(model, cluster, o, res, first, helper)
+            # started before the families are queued: it needs none of them, and a fork of the
+            # smaller process is quicker
+            helper = first.helper = Helper.start(model, cluster, o)
+        return first.run()
     finally:
         if helper is not None:
             helper.close()
@@ -214,71 +95,19 @@ def search(model: ModelSpec, cluster: ClusterSpec, o: SearchOptions, progress=No
             gc.enable()
 
 
-def _tight_options(o: SearchOptions, top: int, time_limit_s: float) -> SearchOptions:
-    """The options of the search for TIGHT plans (_with_tight_plans): TIGHT plans allowed, the
-    top `top`, serial."""
-    return replace(o, allow_tight=True, top=top, time_limit_s=time_limit_s, jobs=1)
-
-
-def _with_tight_plans(model: ModelSpec, cluster: ClusterSpec, o: SearchOptions, res: SearchResult,
-                      first: "_BestFirst", helper: "Helper | None" = None) -> SearchResult:
-    """Safe by default, the search above screened against the room that leaves the memory
-    model's margin, so TIGHT candidates were not priced. A second search, TIGHT plans allowed,
-    finds its best plan, which is the best TIGHT plan that beats #1 when there is one, or,
-    when fewer than K plans fit with margin, the best TIGHT plans to close the list. Its counts
-    stay out of `res`: they describe the space searched for plans that fit with margin. It
-    searches the families of the first search (`first`: its enumeration, screen tables and
-    bound caches), screened without the margin.
-    `helper`: the process that ran that search (top 1) beside the first (o.jobs >= 2); its plans
-    are used unless the list needs more than one TIGHT plan (then it runs again here).
-
-    The second search is not cut off at #1's objective: its own best plan is at most that (the
-    space with TIGHT plans holds #1), and it stops when no bound is below its own best, so the
-    cut-off would save nothing once it has found a plan, and without it the search does not
-    depend on #1 and can run beside the first (the same search with 1 or N jobs)."""
-    n_safe = len(res.plans) - res.tight_listed
-    safe, safe_figs = res.plans[:n_safe], res.plan_figures[:n_safe]
-    need = o.top - n_safe
-    t0 = time.perf_counter()
-    probe = helper.tight_result() if helper is not None and need <= 1 else None
-    if probe is None:
-        left = o.time_limit_s - res.seconds
-        if left <= 0:
-            return res
-        probe = _BestFirst(model, cluster, _tight_options(o, max(need, 1), left), None, families_of=first).run()
-    tight = {e.strategy: (f.objective(o.objective), e, f)
-             for e, f in zip(res.plans[n_safe:] + probe.plans, res.plan_figures[n_safe:] + probe.plan_figures)
-             if e.memory_verdict == "tight"}
-    if res.fastest_tight is not None:
-        f = figures(res.fastest_tight, charge_idle=o.charge_idle)
-        tight.setdefault(res.fastest_tight.strategy, (f.objective(o.objective), res.fastest_tight, f))
-    ranked = sorted(tight.values(), key=lambda x: x[0])
-    res.fastest_tight = ranked[0][1] if ranked and (not safe or ranked[0][0] < safe_figs[0].objective(o.objective)) \
-        else None
-    fill = ranked[:max(need, 0)]
-    res.plans, res.plan_figures = safe + [x[1] for x in fill], safe_figs + [x[2] for x in fill]
-    res.tight_listed = len(fill)
-    if fill:
-        res.closest = None
-    if probe.status == "time-limit":
-        warn(res.warnings, "the search for TIGHT plans beside them stopped at the time limit")
-    res.seconds += time.perf_counter() - t0
-    return res
-
-
 class _BestFirst:
     """One search: the queue, the plans found, the caches its steps share and the result it
     fills in. run() queues the families, takes entries best first, and finishes the result."""
 
-    def __init__(self, model: ModelSpec, cluster: ClusterSpec, o: SearchOptions, progress,
-                 families_of: "_BestFirst | None" = None):
+    def __init__(self, model: ModelSpec, cluster: ClusterSpec, o: SearchOptions, progress):
         self.t0 = time.perf_counter()
         self.helper: Helper | None = None   # another process pricing candidates ahead (o.jobs >= 2)
-        # a search whose families (enumeration, screen tables, bound caches) this one shares:
-        # the search for TIGHT plans beside a search safe by default
-        self.families_of = families_of
-        # safe by default: memory screens leave the memory model's margin
+        # safe by default: memory screens leave the memory model's margin, and what they rule
+        # out that may fit within it is set aside in the TIGHT queue, searched after (_take_tight)
         self.with_margin = not o.allow_tight
+        self.tight_heap: list | None = [] if self.with_margin else None
+        self.tight_phase = False
+        self.priced: set = set()     # candidates priced (the TIGHT phase does not price one again)
         if model.position_embedding_type == "learned_absolute" and o.seq_length > model.max_position_embeddings:
             raise PlannerError(f"--seq-length {o.seq_length} exceeds the learned position table of {model.name} "
                                f"(max_position_embeddings {model.max_position_embeddings}); no plan can run it")
@@ -292,27 +121,26 @@ class _BestFirst:
                                      f"({model.max_position_embeddings}); launches set --max-position-embeddings "
                                      f"{o.seq_length}. Past its trained length a RoPE model needs rope scaling "
                                      "(--use-rope-scaling --rope-scaling-factor) or a long-context stage")
-        self.bounds = Bounds(model, cluster) if families_of is None else families_of.bounds
+        self.bounds = Bounds(model, cluster)
         self.zero_opts = zero_options(o)
         self.heap: list = []   # (objective bound, tie, kind, payload)
         self.tie = itertools.count()
-        # (GPUs per stage, pp) -> _Layouts
-        self.layouts_cache: dict = {} if families_of is None else families_of.layouts_cache
+        # (GPUs per stage, pp) -> Layouts
+        self.layouts_cache: dict = {}
         self.plans = Plans(o)
         self.tokens_per_step = o.global_batch_size * o.seq_length
         self.priced_cluster = cluster.is_priced
         # the families (_queue_families): the screen, every spec, and those memory ruled out
         self.screen: FamilyScreen | None = None
         self.specs: list = []
-        # bounds of families (spec index ->) and of their floor classes (_floor_lb's key ->): pure
-        # functions of the family, shared with a search of the same families (families_of)
-        self.family_lbs: dict = {} if families_of is None else families_of.family_lbs
-        self.floor_lbs: dict = {} if families_of is None else families_of.floor_lbs
+        # bounds of families (spec index ->) and of their floor classes (_floor_lb's key ->)
+        self.family_lbs: dict = {}
+        self.floor_lbs: dict = {}
         self.unfit = np.zeros(0, dtype=np.int64)
         # what the entries taken best first share
         self.seen: set = set()
         self.rank_fits: dict = {}    # fits_exactly's verdicts per rank, shared by block candidates
-        self.screen_terms: dict = {}  # memory_screen's terms per family and ZeRO stage
+        self.screen_terms: dict = {}  # memory_screen's terms per family, ZeRO stage and margin
         self.screened_out: list = []  # candidates the memory screen ruled out before any plan was found
         self.splits: dict = {}       # initial_split per time class, depth, vpp, stage order and evenness
         self.closest = None
@@ -320,26 +148,38 @@ class _BestFirst:
         self.last_report = self.t0
 
     def run(self) -> SearchResult:
-        self.queue_families()
-        return self.take_best_first()
-
-    def queue_families(self) -> None:
-        """Step 1: the families screened and queued (those of families_of when given)."""
-        if self.families_of is None:
-            self._queue_families()
-        else:
-            self._queue_families_of(self.families_of)
-
-    def take_best_first(self) -> SearchResult:
-        """Step 2: the entries taken best first, and the result."""
+        """The families queued, the entries taken best first (then the TIGHT ones), the result."""
+        self._queue_families()
         self._take_best_first()
+        if self.tight_heap is not None and self.res.status != "time-limit":
+            self._take_tight()
         return self._finish()
 
     # ---- objective bounds and the queue --------------------------------------------------------
 
     def _kth(self) -> float:
-        """No entry whose bound is above this can enter the result: the K-th best plan found."""
-        return self.plans.kth()
+        """No entry whose bound is above this can enter the result: the K-th best plan found;
+        in the TIGHT phase, _tight_kth."""
+        return self._tight_kth() if self.tight_phase else self.plans.kth()
+
+    def _tight_kth(self) -> float:
+        """No TIGHT plan above this changes the result: with K plans that fit with margin, the
+        fastest TIGHT plan is reported only when it beats #1 (so only one better than both #1
+        and the fastest TIGHT one found matters); with fewer, the TIGHT plans close the list
+        (the one that would come last)."""
+        plans, tight = self.plans, self.plans.tight
+        need = plans.top - len(plans.items)
+        if need <= 0:
+            return min(plans.items[0][0], tight.items[0][0]) if tight.items else plans.items[0][0]
+        return tight.items[need - 1][0] if len(tight.items) >= need else float("inf")
+
+    def _spill(self, bound: float, kind: int, payload) -> None:
+        """Set an entry aside for the TIGHT phase: what a screen with the memory model's margin
+        ruled out, or bounded with the layers each stage holds with it, that may fit (faster)
+        within it. Nothing is set aside in the TIGHT phase itself, nor when TIGHT plans are
+        allowed (one search screens without the margin)."""
+        if self.tight_heap is not None and not self.tight_phase:
+            heapq.heappush(self.tight_heap, (bound, next(self.tie), kind, payload))
 
     def _usd_hour(self, counts: tuple, per: int) -> float | None:
         used = {g.name: c * per for g, c in zip(self.cluster.node_groups, counts)}
@@ -360,7 +200,7 @@ class _BestFirst:
         return self.plans.dominate(step_lb, gpus, self._usd_step(step_lb, usd_h), peak_lb)
 
     def _queue(self, items: list) -> None:
-        """Queue each _Pending item that can still enter the top K; keep the others as one
+        """Queue each Pending item that can still enter the top K; keep the others as one
         deferred entry (the K-th best can rise, see Plans)."""
         kth = self._kth()
         deferred: list = []
@@ -370,7 +210,7 @@ class _BestFirst:
             else:
                 deferred.append(it)
         if deferred:
-            heapq.heappush(self.heap, (min(it.bound for it in deferred), next(self.tie), _DEFERRED, deferred))
+            heapq.heappush(self.heap, (min(it.bound for it in deferred), next(self.tie), DEFERRED, deferred))
 
     # ---- 1. families -----------------------------------------------------------------------------
 
@@ -381,7 +221,7 @@ class _BestFirst:
             usd = {counts: self._usd_hour(counts, per) for counts in lay}
             known = [u for u in usd.values() if u is not None]
             caps = self.bounds.stage_caps(per, pp, lay)
-            self.layouts_cache[lkey] = _Layouts(lay, sum(len(v) for v in lay.values()), caps,
+            self.layouts_cache[lkey] = Layouts(lay, sum(len(v) for v in lay.values()), caps,
                                                 usd, min(known) if known and len(known) == len(usd) else None,
                                                 tuple(sorted(g for g, c in caps.items() if c > 0)))
         return self.layouts_cache[lkey].n_orders
@@ -395,14 +235,14 @@ class _BestFirst:
         shared_overlap = execution.pop("moe_shared_expert_overlap")
         screen = self.screen = FamilyScreen(model, self.cluster, self.zero_opts, o.uneven_chunks, self.with_margin)
         specs = self.specs
-        # (tp, cp, ep, etp, mbs, time class) -> (_TimeClass, an int naming it: the screen keys its
+        # (tp, cp, ep, etp, mbs, time class) -> (TimeClass, an int naming it: the screen keys its
         # tables by it, hashing the class 10^6 times was a third of the enumeration)
         classes: dict = {}
-        # (tp, cp, ep, etp, mbs) -> per layer execution (family_groups' i): (_TimeClass, int, its
-        # floor's _TimeClass, int)
+        # (tp, cp, ep, etp, mbs) -> per layer execution (family_groups' i): (TimeClass, int, its
+        # floor's TimeClass, int)
         kinds_of: dict = {}
 
-        def time_class(tp, cp, ep, etp, mbs, kind) -> tuple[_TimeClass, int]:
+        def time_class(tp, cp, ep, etp, mbs, kind) -> tuple[TimeClass, int]:
             ckey = (tp, cp, ep, etp, mbs, kind)
             got = classes.get(ckey)
             if got is None:
@@ -411,7 +251,7 @@ class _BestFirst:
                               sequence_parallel=tp > 1, precision=o.precision,
                               **execution, **kind.fields(shared_overlap),
                               overlap_grad_reduce=True)
-                got = classes[ckey] = (_TimeClass(ts, time_key(ts)), len(classes))
+                got = classes[ckey] = (TimeClass(ts, time_key(ts)), len(classes))
             return got
 
         for tp, cp, pp, dp, ep, etp, mbs, m, fams in family_groups(model, self.cluster, o, self._layouts_of):
@@ -430,18 +270,11 @@ class _BestFirst:
                 res.candidates += count
                 # the bytes a GPU can allocate are the same without recompute: keyed by the floor
                 rows.append((cls.base, cid, floor_id, kind.block, max(vh)))
-                specs.append(_FamilySpec(cls, floor, pp, dp, kind.block, vh, lkey, count, m))
+                specs.append(FamilySpec(cls, floor, pp, dp, kind.block, vh, lkey, count, m))
             screen.add_group(pp, dp, m, self.layouts_cache[lkey].names, rows)
-        self._queue_screened(*screen.run())
+        self._queue_screened(screen.run())
 
-    def _queue_families_of(self, other: "_BestFirst") -> None:
-        """The families of another search of the same space (enumerated, their tables and bounds
-        cached there), screened with this search's margin: what _queue_families would queue."""
-        self.screen, self.specs = other.screen, other.specs
-        self.res.candidates = sum(spec.candidates for spec in self.specs)
-        self._queue_screened(*self.screen.run_again(self.with_margin))
-
-    def _family_lb(self, i: int, spec: _FamilySpec, lay: _Layouts) -> float:
+    def _family_lb(self, i: int, spec: FamilySpec, lay: Layouts) -> float:
         """The time bound of family i (a pure function of it, cached)."""
         lb = self.family_lbs.get(i)
         if lb is None:
@@ -449,7 +282,7 @@ class _BestFirst:
                                                          lay.caps, max(spec.vpps), lay.names)
         return lb
 
-    def _floor_lb(self, spec: _FamilySpec, lay: _Layouts) -> float:
+    def _floor_lb(self, spec: FamilySpec, lay: Layouts) -> float:
         """The time bound of family spec's floor class on its placements: no more than its own
         (LayerExecution.floor), shared by the families of one degrees that differ in recompute,
         and cheaper (the bounds of recomputing classes are computed only for families reached)."""
@@ -460,26 +293,36 @@ class _BestFirst:
                                                           spec.lkey[0], lay.caps, max(spec.vpps), lay.names)
         return lb
 
-    def _queue_screened(self, may_fit: np.ndarray, zero_fit: np.ndarray, peak_lbs: np.ndarray) -> None:
+    def _queue_screened(self, screened) -> None:
         """Queue the families that may fit, bounded over all their stage placements: under their
         own bound when it is known or their class recomputes nothing, else under their floor
-        class's (_floor_lb; _expand_family computes their own when they are reached)."""
+        class's (_floor_lb; _expand_family computes their own when they are reached). Those
+        that may fit only within the memory model's margin are set aside (_spill)."""
         specs, res = self.specs, self.res
-        peaks = peak_lbs.tolist()
+        may_fit, peaks = screened.may_fit, screened.peak.tolist()
         entries = []
         # the ZeRO stages each family may fit under: bit k of its mask for zero_opts[k]
         zero_sets = [tuple(z for k, z in enumerate(self.zero_opts) if mask >> k & 1)
                      for mask in range(2 ** len(self.zero_opts))]
-        masks = (zero_fit * (1 << np.arange(len(self.zero_opts)))).sum(axis=1).tolist()
-        for i in np.flatnonzero(may_fit).tolist():
+        bits = 1 << np.arange(len(self.zero_opts))
+        masks = (screened.zero_fit * bits).sum(axis=1).tolist()
+        tight = screened.tight_zero_fit
+        # the ZeRO stages under which a family may fit only within the margin
+        tight_masks = ((tight & ~screened.zero_fit) * bits).sum(axis=1).tolist() if tight is not None else None
+        for i in np.flatnonzero(may_fit if tight is None else tight.any(axis=1)).tolist():
             spec = specs[i]
             lay = self.layouts_cache[spec.lkey]
             lb = self.family_lbs.get(i)
             exact = lb is not None or spec.floor is spec.cls
             if lb is None:
                 lb = self._family_lb(i, spec, lay) if exact else self._floor_lb(spec, lay)
-            entries.append((self._objective_lb(lb, lay.usd_min), next(self.tie), _FAMILY,
-                            _QueuedFamily(spec, lb, peaks[i], i, exact, zero_sets[masks[i]])))
+            bound = self._objective_lb(lb, lay.usd_min)
+            if may_fit[i]:
+                entries.append((bound, next(self.tie), FAMILY,
+                                QueuedFamily(spec, lb, peaks[i], i, exact, zero_sets[masks[i]],
+                                              zero_sets[tight_masks[i]] if tight_masks else ())))
+            else:
+                self._spill(bound, FAMILY, QueuedFamily(spec, lb, peaks[i], i, exact, zero_sets[tight_masks[i]], ()))
         # one heapify for 10^5 families (the (bound, tie) keys are distinct: the pops come in the
         # order pushing them one by one gives)
         self.heap.extend(entries)
@@ -510,6 +353,24 @@ class _BestFirst:
             if helper is not None:
                 helper.feed(self._kth(), heap[0][0] if heap else float("inf"))
 
+    def _take_tight(self) -> None:
+        """The TIGHT phase: the entries set aside (_spill) taken best first, screened without
+        the margin, while they may hold a TIGHT plan that changes the result (_tight_kth). The
+        first phase took every entry whose bound is below the K-th best plan that fits with
+        margin, which is no less than _tight_kth, and set aside all it ruled out by the margin
+        alone, so the TIGHT plans found are the best of the space. Its counts stay out of the
+        result: they describe the space searched for plans that fit with margin."""
+        res, heap = self.res, self.heap
+        self.res = SearchResult(plans=[], solver=res.solver, objective=res.objective)
+        self.heap, self.tight_phase, self.with_margin = self.tight_heap, True, False
+        try:
+            self._take_best_first()
+        finally:
+            tight_res = self.res
+            self.res, self.heap, self.tight_phase, self.with_margin = res, heap, False, True
+        if tight_res.status == "time-limit":
+            warn(res.warnings, "the search for TIGHT plans after them stopped at the time limit")
+
     def _stop_at_time_limit(self, lb: float) -> None:
         res = self.res
         res.status = "time-limit"
@@ -532,28 +393,28 @@ class _BestFirst:
     def _reach(self, lb: float, kind: int, payload) -> Strategy | None:
         """Take one entry off the queue: expand it into entries, or screen it; the candidate
         to price, if it is one that may still enter the top K."""
-        if kind == _DEFERRED:
+        if kind == DEFERRED:
             # the K-th best rose since these were set aside: queue those that can now enter
             self._queue(payload)
             return None
-        if kind == _FAMILY:
+        if kind == FAMILY:
             self._expand_family(lb, payload)
             return None
-        if kind == _CELL:
+        if kind == CELL:
             self._expand_cell(payload)
             return None
-        if kind == _REQUEUED:
+        if kind == REQUEUED:
             return self._reach_requeued(payload)
         fam = payload.family
         if self._dominated(payload.step_lb, fam.base.world_size, payload.usd_hour, fam.peak_lb):
             self.res.pruned_dominated += 1
             return None
-        if kind == _BLOCK:
-            self._reach_block(payload)
+        if kind == BLOCK:
+            self._reach_block(lb, payload)
             return None
         return self._reach_candidate(lb, payload)
 
-    def _expand_family(self, lb: float, entry: _QueuedFamily) -> None:
+    def _expand_family(self, lb: float, entry: QueuedFamily) -> None:
         lay = self.layouts_cache[entry.spec.lkey]
         if not entry.exact:
             # queued under its floor class's bound: its own may be higher
@@ -561,12 +422,16 @@ class _BestFirst:
             entry = entry._replace(step_lb=own, exact=True)
             bound = self._objective_lb(own, lay.usd_min)
             if bound > lb * (1 + _REQUEUE_SLACK):
-                self._queue([_Pending(bound, _FAMILY, entry, entry.spec.candidates)])
+                self._queue([Pending(bound, FAMILY, entry, entry.spec.candidates)])
                 return
-        fam = _family_of(entry.spec, lay, entry.peak_lb, entry.zeros)
+        fam = family_of(entry.spec, lay, entry.peak_lb, entry.zeros)
         if self._dominated(entry.step_lb, fam.base.world_size, lay.usd_min, fam.peak_lb):
             self.res.pruned_dominated += fam.count
             return
+        if entry.tight_zeros:
+            # its candidates under ZeRO stages that may fit only within the margin
+            self._spill(self._objective_lb(entry.step_lb, lay.usd_min), FAMILY,
+                        entry._replace(zeros=entry.tight_zeros, tight_zeros=()))
         items = []
         # the candidates under ZeRO stages the family screen ruled out are never built
         per_zero = fam.count // len(self.zero_opts)
@@ -574,22 +439,22 @@ class _BestFirst:
         for counts, orders in fam.layouts.items():
             n = len(orders) * len(fam.vpps) * len(fam.zeros)
             cb = self.bounds.cell(fam.base, fam.tk, orders[0], fam.vpps, fam.zeros)
-            cell = _Cell(fam, tuple(orders), n, cb, lay.usd[counts])
-            items.append(_Pending(self._objective_lb(cb, lay.usd[counts]), _CELL, cell, n))
+            cell = Cell(fam, tuple(orders), n, cb, lay.usd[counts])
+            items.append(Pending(self._objective_lb(cb, lay.usd[counts]), CELL, cell, n))
         self._queue(items)
 
-    def _expand_cell(self, cell: _Cell) -> None:
+    def _expand_cell(self, cell: Cell) -> None:
         fam = cell.family
         if self._dominated(cell.step_lb, fam.base.world_size, cell.usd_hour, fam.peak_lb):
             self.res.pruned_dominated += cell.count
             return
-        kind = _BLOCK if fam.block else _CAND
-        self._queue([_Pending(self._objective_lb(b, cell.usd_hour), kind,
-                              _Child(fam, vpp, z, groups, b, cell.usd_hour), 1)
+        kind = BLOCK if fam.block else CAND
+        self._queue([Pending(self._objective_lb(b, cell.usd_hour), kind,
+                              Child(fam, vpp, z, groups, b, cell.usd_hour), 1)
                      for b, vpp, z, groups in self.bounds.children(fam.base, fam.tk, cell.orders, fam.vpps,
                                                                    fam.zeros)])
 
-    def _initial_split(self, fam: _Family, c: Strategy, groups: tuple, uneven: bool):
+    def _initial_split(self, fam: Family, c: Strategy, groups: tuple, uneven: bool):
         """split.initial_split of a candidate c of family fam, cached: it reads c's depth, vpp
         and time key (fam.tk: the ZeRO stage and placement of c do not enter) and the stage order
         (the candidates of a cell differ in ZeRO stage: most share a split)."""
@@ -599,46 +464,54 @@ class _BestFirst:
             got = self.splits[key] = initial_split(self.model, self.cluster, c, groups, uneven)
         return got
 
-    def _requeue(self, bound: float, entry: _Requeued) -> None:
+    def _requeue(self, bound: float, entry: Requeued) -> None:
         """Queue a built candidate again, under a higher bound; the helper may price it."""
         tie = next(self.tie)
-        heapq.heappush(self.heap, (bound, tie, _REQUEUED, entry))
+        heapq.heappush(self.heap, (bound, tie, REQUEUED, entry))
         if self.helper is not None:
             self.helper.offer(bound, tie, entry.strategy)
 
-    def _reach_block(self, child: _Child) -> None:
+    def _reach_block(self, lb: float, child: Child) -> None:
         """A block-recompute child: on its starting split (the partition assumes every layer
         recomputed alike, so it is not re-solved), more recomputed layers only cost time and
         save memory, so the smallest k that fits dominates every larger k."""
         model, cluster = self.model, self.cluster
-        c, groups = _child(child.family, child.vpp, child.zero, child.groups, cluster)
+        c, groups = child_strategy(child.family, child.vpp, child.zero, child.groups, cluster)
         valid, split = self._initial_split(child.family, c, groups, False)
         per_chunk = min(split or c.stage_layers(model)) // c.vpp
         ck = least_block_recompute(model, cluster, c.with_(recompute="full", layers_per_stage=split),
                                     per_chunk - 1, self.rank_fits, safe=self.with_margin)
+        # within the margin fewer layers may need recomputing
+        self._spill(lb, BLOCK, child)
         if ck is None:
             self.res.pruned_memory += 1
             return
+        if self.tight_phase and ck in self.priced:   # priced in the first phase
+            return
         b = self.bounds.block_candidate(ck, groups, tk=child.family.tk)
-        self._requeue(self._objective_lb(b, child.usd_hour), _Requeued(ck, b, child.usd_hour, child.family.peak_lb))
+        self._requeue(self._objective_lb(b, child.usd_hour), Requeued(ck, b, child.usd_hour, child.family.peak_lb))
 
-    def _reach_candidate(self, lb: float, child: _Child) -> Strategy | None:
+    def _reach_candidate(self, lb: float, child: Child) -> Strategy | None:
         """A candidate on its starting split, screened by memory; with the layers each stage can
         hold its bound may rise: then it is queued again rather than priced."""
         model, cluster, o, res = self.model, self.cluster, self.o, self.res
         fam, usd_h = child.family, child.usd_hour
-        c, groups = _child(fam, child.vpp, child.zero, child.groups, cluster)
+        c, groups = child_strategy(fam, child.vpp, child.zero, child.groups, cluster)
         valid, split = self._initial_split(fam, c, groups, o.uneven_chunks)
         c = with_split(c, split)
         self.done += 1
+        if self.tight_phase and c in self.priced:   # priced in the first phase
+            return None
         may_fit, n_max, peak_lb = memory_screen(model, cluster, c, uneven=o.uneven_chunks,
                                                  dense_reach=self.bounds.dense_ranks(c.pp, c.vpp),
-                                                 terms=self.screen_terms.setdefault((fam.base, c.zero_stage), {}),
+                                                 terms=self.screen_terms.setdefault(
+                                                     (fam.base, c.zero_stage, self.with_margin), {}),
                                                  with_margin=self.with_margin)
         if not may_fit:
             res.pruned_memory += 1
             if not self.plans.items:
                 self.screened_out.append(c)
+            self._spill(lb, CAND, child)
             return None
         b2 = self.bounds.candidate(c, fam.tk, groups, n_max)
         if self._dominated(b2, c.world_size, usd_h, peak_lb):
@@ -646,14 +519,18 @@ class _BestFirst:
             return None
         lb2 = self._objective_lb(b2, usd_h)
         if lb2 > lb * (1 + _REQUEUE_SLACK):
-            self._requeue(lb2, _Requeued(c, b2, usd_h, peak_lb))
+            self._requeue(lb2, Requeued(c, b2, usd_h, peak_lb))
+            # within the margin its stages may hold more layers: its bound there may be lower
+            self._spill(lb, CAND, child)
             return None
         return c
 
-    def _reach_requeued(self, entry: _Requeued) -> Strategy | None:
+    def _reach_requeued(self, entry: Requeued) -> Strategy | None:
         c = entry.strategy
         if self._dominated(entry.step_lb, c.world_size, entry.usd_hour, entry.peak_lb):
             self.res.pruned_dominated += 1
+            return None
+        if self.tight_phase and c in self.priced:   # priced in the first phase
             return None
         if c.recompute_num_layers is not None:
             self.done += 1
@@ -670,17 +547,19 @@ class _BestFirst:
             got = priced_apart(self.model, self.cluster, c, o.uneven_chunks, not o.allow_tight)
         fitting, short, effects = got
         add_effects(self.res, effects)
+        self.priced.add(c)
         if not fitting:
             if short is not None and (self.closest is None or short[0] < self.closest[0]):
                 self.closest = short
             return
-        self.seen.update(x.strategy for x in self.plans.offer([x for x in fitting if x.strategy not in self.seen]))
+        self.seen.update(x.strategy for x in self.plans.offer([x for x in fitting if x.strategy not in self.seen],
+                                                               tight_only=self.tight_phase))
 
     # ---- 3. the result ---------------------------------------------------------------------------
 
     def _finish(self) -> SearchResult:
         o, res, plans = self.o, self.res, self.plans
-        res.pruned_bound += sum(_entry_count(k, p) for _, _, k, p in self.heap)
+        res.pruned_bound += sum(entry_count(k, p) for _, _, k, p in self.heap)
         if o.solver.startswith("ilp"):
             found = [x[3] for x in plans.items[:o.top]]
             found = ilp_cross_check(self.model, self.cluster, found, o.solver, res, o.uneven_chunks,
@@ -722,10 +601,10 @@ class _BestFirst:
                 closest = (short, c)
         if closest is None:
             # the families memory ruled out with the least peak bytes, their candidates tried
-            peaks = self.screen.peaks(self.unfit, self.with_margin)
+            peaks = self.screen.peaks(self.unfit)
             near = self.unfit[np.argsort(peaks, kind="stable")[:_CLOSEST_FAMILIES]]
             closest = _closest_of(model, cluster,
-                                  [_family_of(self.specs[i], self.layouts_cache[self.specs[i].lkey]) for i in near],
+                                  [family_of(self.specs[i], self.layouts_cache[self.specs[i].lkey]) for i in near],
                                   self.zero_opts)
         self.closest = closest
         if closest is not None:

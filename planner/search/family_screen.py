@@ -27,6 +27,8 @@ x node groups x layer kinds x points, so the families that cannot fit are never 
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 
 from ..cost.memory import (in_flight_microbatches, layer_kept_activation_bytes, layer_state_bytes, nccl_communicators,
@@ -87,6 +89,16 @@ class _Table:
         if self._array is None:
             self._array = [np.array(col) for col in zip(*self.rows)] if self.rows else []
         return self._array[part]
+
+
+class Screened(NamedTuple):
+    """FamilyScreen.run's verdicts on F families, in the order added (Z: the zeros screened)."""
+    may_fit: np.ndarray            # (F,) some ZeRO stage may fit (every rank of a candidate runs one)
+    zero_fit: np.ndarray           # (F, Z) may fit under each ZeRO stage
+    peak: np.ndarray               # (F,) peak bytes per GPU no candidate goes below (see run)
+    # a screen made with the memory model's margin: its verdict without it too (F, Z), which the
+    # search's TIGHT candidates need; else None
+    tight_zero_fit: np.ndarray | None
 
 
 class FamilyScreen:
@@ -195,52 +207,67 @@ class FamilyScreen:
                 fi = self._flight.index(fkey, self._flight_row, ts, pp, dp)
             pending.append((states, ai, li, pi, fi, ni, vmax - 1 if (self.uneven and not block) else 0))
 
-    def run(self, every_peak: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(may fit, may fit under each ZeRO stage, peak-bytes lower bound) of every family added
-        since the last run, in order (F, (F, Z), F; Z the zeros given, in order). A family may
-        fit when one of its ZeRO stages may (every rank of a candidate runs the same one). The
-        peak bound is computed for the families that may fit (the search prunes dominated ones
-        with it), nan for the others unless every_peak (see `peaks`)."""
+    def run(self, every_peak: bool = False) -> "Screened":
+        """The verdicts of every family added since the last run, in order (Screened). The peak
+        bound is computed for the families that may fit, with or without the margin (the search
+        prunes dominated ones with it), nan for the others unless every_peak (see `peaks`)."""
         rows, self._pending = self._pending, []
         self._ran = rows
-        return self._run(rows, every_peak, self.with_margin)
+        return self._run(rows, every_peak)
 
-    def run_again(self, with_margin: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """run's answer for the families of the last run with or without the memory model's
-        margin (the search for TIGHT plans screens the families of the search safe by default
-        without it): what a screen made with that with_margin would give."""
-        return self._run(self._ran, False, with_margin)
-
-    def peaks(self, index, with_margin: bool | None = None) -> np.ndarray:
+    def peaks(self, index) -> np.ndarray:
         """The peak-bytes lower bounds of the families at `index` of the last run (the search
         asks for those of families that cannot fit only when no plan fits)."""
-        margin = self.with_margin if with_margin is None else with_margin
-        return self._run([self._ran[i] for i in index], True, margin)[2]
+        return self._run([self._ran[i] for i in index], True).peak
 
-    def _run(self, rows: list, every_peak: bool, with_margin: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        fit, peak = np.zeros((len(rows), len(self.zeros)), bool), np.full(len(rows), np.nan)
+    def _run(self, rows: list, every_peak: bool) -> "Screened":
+        margins = (True, False) if self.with_margin else (False,)
+        fits = [np.zeros((len(rows), len(self.zeros)), bool) for _ in margins]
+        peak = np.full(len(rows), np.nan)
         for lo in range(0, len(rows), _CHUNK):
             part = list(zip(*rows[lo:lo + _CHUNK]))
-            fit[lo:lo + _CHUNK], peak[lo:lo + _CHUNK] = self._screen(*(np.array(c) for c in part),
-                                                                     every_peak=every_peak, with_margin=with_margin)
-        return fit.any(axis=1), fit, peak
+            got, peak[lo:lo + _CHUNK] = self._screen(*(np.array(c) for c in part), every_peak=every_peak,
+                                                     margins=margins)
+            for fit, g in zip(fits, got):
+                fit[lo:lo + _CHUNK] = g
+        return Screened(fits[0].any(axis=1), fits[0], peak, fits[1] if self.with_margin else None)
 
-    def _screen(self, si, ai, li, pi, fi, ni, slack, every_peak: bool, with_margin: bool):
-        """The screen over F families (si: F x Z state rows; the others F row indices)."""
+    def _screen(self, si, ai, li, pi, fi, ni, slack, every_peak: bool, margins: tuple):
+        """The screen over F families (si: F x Z state rows; the others F row indices): the
+        verdict per ZeRO stage (F, Z) for each of `margins` (with the memory model's margin or
+        not), and the peak bound."""
         L = self.model.num_layers
         st_fixed, st_layer = self._state.array(0), self._state.array(1)          # (S, 4), (S, G, K)
         a_fixed, a_per, kept, block_kept = (self._act.array(k) for k in range(4))  # (A, 4) x2, (A, K), (A,)
         shape, mult, valid, last = (self._points.array(k)[pi] for k in range(4))  # (F, P) x3, (F,)
         flight = self._flight.array(0)[fi]                                       # (F, P)
         groups = self._names.array(0)[ni]                                        # (F, G)
-        # a group the family does not use has no room (-inf bytes to allocate)
-        alloc = np.where(groups, self._alloc.array(_MARGIN if with_margin else _NO_MARGIN)[li], -np.inf)  # (F, G)
         # a rank's fixed bytes at each point: (F, Z, P)
         fixed = (st_fixed[si[:, :, None], shape[:, None, :]]
                  + (a_fixed[ai[:, None], shape] + (a_per[ai[:, None], shape] + block_kept[ai][:, None]) * flight)[:, None, :])
         # one layer's bytes per kind: (F, Z, G, K, P)
         per_kind = st_layer[si][..., None] + (kept[ai][:, :, None] * flight[:, None, :])[:, None, None]
         per = np.minimum(per_kind[:, :, :, 0], per_kind[:, :, :, 1])             # (F, Z, G, P)
+        fits = [self._fit(np.where(groups, self._alloc.array(_MARGIN if m else _NO_MARGIN)[li], -np.inf),
+                          fixed, per_kind, per, mult, slack, pi, last) for m in margins]
+        # peak: screen.peak_bytes_lower_bound with each point's least per-layer bytes over the
+        # family's groups (at least one layer a rank), the least over the ZeRO stages
+        peak = np.full(len(si), np.nan)
+        w = slice(None) if every_peak else np.any([f.any(axis=1) for f in fits], axis=0)
+        groups, per, fixed, mult, slack, valid = groups[w], per[w], fixed[w], mult[w], slack[w], valid[w]
+        least = np.where(groups[:, None, :, None], per, np.inf).min(axis=2)      # (F, Z, P)
+        m3, sl3 = mult[:, None, :], slack[:, None]
+        spread = (L - mult.sum(axis=1)[:, None] * sl3 + (m3 * fixed / least).sum(axis=2)) / (m3 / least).sum(axis=2)
+        v3 = valid[:, None, :]
+        floor = np.where(v3, fixed + np.maximum(1 - sl3, 0)[..., None] * least, -np.inf).max(axis=2)
+        top = np.where(v3, fixed, -np.inf).max(axis=2)
+        peak[w] = np.maximum(np.maximum(spread, floor), top).min(axis=1)
+        return fits, peak
+
+    def _fit(self, alloc, fixed, per_kind, per, mult, slack, pi, last) -> np.ndarray:
+        """Whether each family may fit under each ZeRO stage (F, Z) with `alloc` bytes to
+        allocate on each of its groups (F, G; -inf on groups it does not use)."""
+        L = self.model.num_layers
         free = alloc[:, None, :, None] - fixed[:, :, None, :]
         # the most layers a rank holds on its roomiest group under each ZeRO stage: of the
         # lighter kind, but of a model with both kinds at most its n_dense dense layers, MoE
@@ -258,16 +285,4 @@ class FamilyScreen:
             n_moe = self.model.num_moe_layers
             moe_room = np.maximum(np.floor((free / per_kind[:, :, :, _MOE]).max(axis=2)), 0)
             fit &= (m3 * np.minimum(moe_room + sl, n_moe)).sum(axis=2) >= n_moe
-        # peak: screen.peak_bytes_lower_bound with each point's least per-layer bytes over the
-        # family's groups (at least one layer a rank), the least over the ZeRO stages
-        peak = np.full(len(fit), np.nan)
-        w = slice(None) if every_peak else fit.any(axis=1)
-        groups, per, fixed, mult, slack, valid = groups[w], per[w], fixed[w], mult[w], slack[w], valid[w]
-        least = np.where(groups[:, None, :, None], per, np.inf).min(axis=2)      # (F, Z, P)
-        m3, sl3 = mult[:, None, :], slack[:, None]
-        spread = (L - mult.sum(axis=1)[:, None] * sl3 + (m3 * fixed / least).sum(axis=2)) / (m3 / least).sum(axis=2)
-        v3 = valid[:, None, :]
-        floor = np.where(v3, fixed + np.maximum(1 - sl3, 0)[..., None] * least, -np.inf).max(axis=2)
-        top = np.where(v3, fixed, -np.inf).max(axis=2)
-        peak[w] = np.maximum(np.maximum(spread, floor), top).min(axis=1)
-        return fit, peak
+        return fit

@@ -1,7 +1,7 @@
-"""The second process of a search (`plan --jobs N`, N >= 2): it runs the search for TIGHT plans
-beside the first search, then prices candidates ahead of it. Pricing is a pure function of a
-candidate (pricing.priced_apart) and the first search still decides everything in its own
-order, so plans and counts are those of a serial search (docs/search.md)."""
+"""The second process of a search (`plan --jobs N`, N >= 2): it prices candidates ahead of the
+search. Pricing is a pure function of a candidate (pricing.priced_apart) and the search still
+decides everything in its own order, so plans and counts are those of a serial search
+(docs/search.md)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from ..specs.cluster import ClusterSpec
 from ..specs.model import ModelSpec
 from ..strategy import Strategy
 from .pricing import priced_apart
-from .space import SearchOptions, SearchResult
+from .space import SearchOptions
 
 # Seconds the helper is given to stop after being told to (it reads the message at once).
 HELPER_STOP_S = 1.0
@@ -24,22 +24,11 @@ def start_method() -> str:
     return "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
 
 
-def helper_main(conn, model: ModelSpec, cluster: ClusterSpec, o: SearchOptions, first, tight_o, search_cls) -> None:
-    """The helper process (Helper): the search for TIGHT plans (tight_o; None: none; run by
-    `search_cls`, best_first's search, passed in so this module does not import it) over the
-    families of the first search (`first`, as it was when the helper started; None: its own), whose
-    plans, figures and status go back (the estimates it priced and its closest miss stay
-    here), then candidates priced as they come (pricing.priced_apart) until told to stop."""
+def helper_main(conn, model: ModelSpec, cluster: ClusterSpec, o: SearchOptions) -> None:
+    """The helper process (Helper): candidates priced as they come (pricing.priced_apart) until
+    told to stop."""
     gc.disable()
     try:
-        if tight_o is not None:
-            try:
-                r = search_cls(model, cluster, tight_o, None, families_of=first).run()
-                got = SearchResult(plans=r.plans, plan_figures=r.plan_figures, status=r.status,
-                                   optimality_gap=r.optimality_gap, objective=r.objective)
-            except Exception:   # the parent runs that search itself
-                got = None
-            conn.send(("tight", got))
         conn.send(("ready", None))
         while True:
             s = conn.recv()
@@ -53,9 +42,8 @@ def helper_main(conn, model: ModelSpec, cluster: ClusterSpec, o: SearchOptions, 
 
 
 class Helper:
-    """A second process for a search (o.jobs >= 2). It first runs _with_tight_plans' second
-    search, beside the first, then prices candidates ahead of the first search: the search
-    offers it the candidates it queued again (most of those it prices come that way), and
+    """A second process for a search (o.jobs >= 2): it prices candidates ahead of the search.
+    The search offers it the candidates it queued again (most of those it prices come that way), and
     while it has none in hand the helper takes the cheapest-bounded of them that the search is
     not about to reach itself. When the search comes to price a candidate it takes the
     helper's result, waiting for it if it is being priced, or prices it itself. Pricing is a
@@ -64,12 +52,10 @@ class Helper:
     the helper (no process can be started, it fails or dies) leaves the search to do its work
     itself, with the same result."""
 
-    def __init__(self, proc, conn, tight: bool):
+    def __init__(self, proc, conn):
         self.proc, self.conn = proc, conn
         self.alive = True
-        self.ready = False           # the helper takes candidates (its first search is done)
-        self.tight = None            # what its search for TIGHT plans returned (None: run it here)
-        self.tight_done = not tight  # no such search asked of it: nothing to wait for
+        self.ready = False           # the helper takes candidates (it has started)
         self.pending: list = []      # (bound, tie, strategy): candidates it may price
         self.in_hand = None          # the candidate it is pricing
         self.results: dict = {}      # strategy -> priced_apart's result
@@ -77,22 +63,18 @@ class Helper:
         self.taken = 0               # results the search used (its report)
 
     @classmethod
-    def start(cls, model: ModelSpec, cluster: ClusterSpec, o: SearchOptions, first, tight_o,
-              search_cls) -> "Helper | None":
-        """The helper; its search for TIGHT plans shares the families `first` has queued (a
-        forked helper reads them from its copy of the memory), or with first None (or no
-        fork) enumerates its own."""
+    def start(cls, model: ModelSpec, cluster: ClusterSpec, o: SearchOptions) -> "Helper | None":
+        """The helper, or None when no process can be started."""
         try:
             method = start_method()
             ctx = multiprocessing.get_context(method)
             here, there = ctx.Pipe()
-            proc = ctx.Process(target=helper_main, daemon=True,
-                               args=(there, model, cluster, o, first if method == "fork" else None, tight_o, search_cls))
+            proc = ctx.Process(target=helper_main, daemon=True, args=(there, model, cluster, o))
             proc.start()
         except (OSError, AssertionError, ValueError):   # e.g. inside a daemonic process
             return None
         there.close()
-        return cls(proc, here, tight_o is not None)
+        return cls(proc, here)
 
     def receive(self, block: bool) -> None:
         """Read what the helper sent (with `block`, at least one message)."""
@@ -100,9 +82,7 @@ class Helper:
             while self.alive and (block or self.conn.poll()):
                 block = False
                 kind, *rest = self.conn.recv()
-                if kind == "tight":
-                    self.tight, self.tight_done = rest[0], True
-                elif kind == "ready":
+                if kind == "ready":
                     self.ready = True
                 else:
                     s, got = rest
@@ -161,12 +141,6 @@ class Helper:
         else:
             self.taken += 1
         return got
-
-    def tight_result(self) -> SearchResult | None:
-        """What the search for TIGHT plans returned (None: run it here)."""
-        while self.alive and not self.tight_done:
-            self.receive(True)
-        return self.tight
 
     def close(self) -> None:
         """Stop the helper: told to, or ended if it is still in a search or pricing."""

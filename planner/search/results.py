@@ -27,10 +27,11 @@ class Plans:
         tiered = not o.allow_tight if tiered is None else tiered
         self.tight = Plans(o, tiered=False) if tiered else None
 
-    def offer(self, estimates: list[Estimate]) -> list[Estimate]:
+    def offer(self, estimates: list[Estimate], tight_only: bool = False) -> list[Estimate]:
         """Add the best of a candidate's fitting estimates (its splits): the fastest, or with
         tiers the fastest that fits with margin and the fastest TIGHT one when faster still.
-        Returns those added."""
+        `tight_only`: only that TIGHT one (the search's TIGHT phase: a plan that fits with margin
+        it meets cannot enter the top K, the first phase found those). Returns those added."""
         if not estimates:
             return []
         key = (lambda x: x.step_time_s)
@@ -42,6 +43,8 @@ class Plans:
             picked = [min(safe, key=key)] if safe else []
             if tight and (not picked or min(tight, key=key).step_time_s < picked[0].step_time_s):
                 picked.append(min(tight, key=key))
+            if tight_only:
+                picked = [e for e in picked if e.memory_verdict == "tight"]
         for e in picked:
             fig = figures(e, charge_idle=self.o.charge_idle)
             if self.tight is not None and e.memory_verdict == "tight":

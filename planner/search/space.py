@@ -84,9 +84,8 @@ class SearchOptions:
     # rank plans that fit only within the memory model's stated margin (TIGHT) with the others;
     # by default they come after every plan that fits with margin
     allow_tight: bool = False
-    # processes the search may use (best_first.py): with 2 or more, the search for TIGHT plans
-    # that a search safe by default runs after its own runs beside it in a second process; the
-    # plans and counts are the same as with 1 (serial)
+    # processes the search may use (best_first.py): with 2 or more, a second process prices
+    # candidates ahead of the search; the plans and counts are the same as with 1 (serial)
     jobs: int = 1
     # Strategy fields every plan carries as a launch sets them (recipe_settings: with
     # --compare-with, the compared launch's training-recipe settings), (field, value) pairs

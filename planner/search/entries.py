@@ -1,0 +1,132 @@
+"""The entries of the search's queue (best_first.py): what a family, a cell and a candidate
+carry until they are reached, and the kinds that say which one a queue entry holds."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from ..specs.cluster import ClusterSpec
+from ..strategy import Strategy
+
+# heap entry kinds
+FAMILY, CELL, CAND, REQUEUED, BLOCK, DEFERRED = 0, 1, 2, 3, 4, 5
+
+
+@dataclass
+class Family:
+    """Degrees x micro-batch x recompute: every stage placement, vpp, ZeRO stage and order."""
+    base: Strategy                 # vpp 1, no placement; recompute 'none' for a block family
+    tk: Strategy
+    block: bool
+    vpps: tuple[int, ...]
+    layouts: dict                  # stage counts per group -> stage orders
+    count: int                     # candidates it stands for
+    peak_lb: float = 0.0           # peak bytes per GPU no candidate of it goes below
+    names: tuple | None = None     # the groups its layouts use, sorted (None: read from layouts)
+    zeros: tuple | None = None     # the ZeRO stages under which it may fit (None: every one searched)
+
+
+@dataclass
+class Cell:
+    family: Family
+    orders: tuple
+    count: int
+    step_lb: float                 # seconds no candidate of the cell beats
+    usd_hour: float | None         # USD an hour of the GPUs its candidates are charged for
+
+
+class TimeClass(NamedTuple):
+    """What families of one time class share: their strategy (no pp, dp or placement yet) and
+    its time key."""
+    base: Strategy
+    tk: Strategy
+
+
+class Layouts(NamedTuple):
+    """The stage layouts of one pipeline shape (GPUs per stage, pp) under the GPU budget."""
+    layouts: dict                  # stage counts per group -> stage orders (stage_layouts)
+    n_orders: int                  # stage orders in all
+    caps: dict                     # most stages any layout puts on each group
+    usd: dict                      # stage counts -> USD an hour of the GPUs charged (None: unpriced)
+    usd_min: float | None          # the least of those, when every layout is priced
+    names: tuple                   # the groups with caps > 0, sorted
+
+
+class FamilySpec(NamedTuple):
+    """A family as the space enumerates it (its Family is built only when it is reached)."""
+    cls: TimeClass
+    floor: TimeClass              # its class without recompute (LayerExecution.floor): cls when none
+    pp: int
+    dp: int
+    block: bool
+    vpps: tuple[int, ...]
+    lkey: tuple                    # (GPUs per stage, pp): the key of its Layouts
+    candidates: int
+    m: int                         # micro-batches
+
+
+class QueuedFamily(NamedTuple):
+    """A FAMILY entry's payload."""
+    spec: FamilySpec
+    step_lb: float                 # seconds no candidate of the family beats
+    peak_lb: float                 # peak bytes per GPU no candidate of it goes below
+    index: int                     # of the spec in the search's specs
+    exact: bool                    # step_lb is the family's own bound, not its floor class's
+    zeros: tuple                   # the ZeRO stages under which it may fit (family_screen.py)
+    tight_zeros: tuple             # those under which it may fit only within the memory margin
+
+
+class Child(NamedTuple):
+    """A CAND or BLOCK entry's payload: one candidate of a cell, built when it is reached."""
+    family: Family
+    vpp: int
+    zero: int
+    groups: tuple
+    step_lb: float
+    usd_hour: float | None
+
+
+class Requeued(NamedTuple):
+    """A REQUEUED entry's payload: a built candidate queued again under a higher bound."""
+    strategy: Strategy
+    step_lb: float
+    usd_hour: float | None
+    peak_lb: float                 # peak bytes per GPU it does not go below
+
+
+class Pending(NamedTuple):
+    """An entry to queue, or to set aside in a DEFERRED entry's payload (a list of them)."""
+    bound: float                   # objective bound
+    kind: int
+    payload: object
+    candidates: int
+
+
+def entry_count(kind: int, payload) -> int:
+    """Candidates a queued entry stands for."""
+    if kind == FAMILY:
+        return payload.spec.candidates
+    if kind == CELL:
+        return payload.count
+    if kind == DEFERRED:
+        return sum(it.candidates for it in payload)
+    return 1
+
+
+def family_of(spec: FamilySpec, lay: Layouts, peak_lb: float = 0.0, zeros: tuple | None = None) -> Family:
+    """The Family of one of the search's family specs."""
+    ts, tk = spec.cls
+    # a group has stages in some layout exactly when its cap is > 0
+    return Family(ts.with_(pp=spec.pp, dp=spec.dp), tk, spec.block, spec.vpps, lay.layouts, spec.candidates,
+                   peak_lb, names=lay.names, zeros=zeros)
+
+
+def child_strategy(fam: Family, vpp: int, z: int, groups: tuple,
+           cluster: ClusterSpec) -> tuple[Strategy, tuple[str, ...]]:
+    """The Strategy of a queued candidate (built only when it is reached)."""
+    c = fam.base.with_(vpp=vpp, schedule="interleaved" if vpp > 1 else "1f1b", zero_stage=z,
+                       overlap_param_gather=z >= 1, stage_node_groups=groups if cluster.is_heterogeneous else None)
+    return c, groups
+
+
