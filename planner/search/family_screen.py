@@ -248,8 +248,19 @@ class FamilyScreen:
         # one layer's bytes per kind: (F, Z, G, K, P)
         per_kind = st_layer[si][..., None] + (kept[ai][:, :, None] * flight[:, None, :])[:, None, None]
         per = np.minimum(per_kind[:, :, :, 0], per_kind[:, :, :, 1])             # (F, Z, G, P)
-        fits = [self._fit(np.where(groups, self._alloc.array(_MARGIN if m else _NO_MARGIN)[li], -np.inf),
-                          fixed, per_kind, per, mult, slack, pi, last) for m in margins]
+        def alloc(margin):   # a group the family does not use has no room (-inf bytes)
+            return np.where(groups, self._alloc.array(_MARGIN if margin else _NO_MARGIN)[li], -np.inf)
+
+        # without the margin first: with it, only the families that may fit without it can
+        # (its room is the smaller), a tenth of them
+        loose = self._fit(alloc(False), fixed, per_kind, per, mult, slack, last)
+        fits = {False: loose}
+        if True in margins:
+            w = loose.any(axis=1)
+            strict = np.zeros_like(loose)
+            strict[w] = self._fit(alloc(True)[w], fixed[w], per_kind[w], per[w], mult[w], slack[w], last[w])
+            fits[True] = strict
+        fits = [fits[m] for m in margins]
         # peak: screen.peak_bytes_lower_bound with each point's least per-layer bytes over the
         # family's groups (at least one layer a rank), the least over the ZeRO stages
         peak = np.full(len(si), np.nan)
@@ -264,7 +275,7 @@ class FamilyScreen:
         peak[w] = np.maximum(np.maximum(spread, floor), top).min(axis=1)
         return fits, peak
 
-    def _fit(self, alloc, fixed, per_kind, per, mult, slack, pi, last) -> np.ndarray:
+    def _fit(self, alloc, fixed, per_kind, per, mult, slack, last) -> np.ndarray:
         """Whether each family may fit under each ZeRO stage (F, Z) with `alloc` bytes to
         allocate on each of its groups (F, G; -inf on groups it does not use)."""
         L = self.model.num_layers
@@ -280,7 +291,7 @@ class FamilyScreen:
             room = np.maximum(np.floor((free / per).max(axis=2)), 0)            # (F, Z, P)
         sl, m3 = slack[:, None, None], mult[:, None, :]
         fit = ((m3 * np.minimum(room + sl, L)).sum(axis=2) >= L) & (room[:, :, 0] >= 1) & \
-            (room[np.arange(len(pi)), :, last] >= 1)                              # (F, Z)
+            (room[np.arange(len(last)), :, last] >= 1)                            # (F, Z)
         if len(self.model.layer_kinds) > 1:
             n_moe = self.model.num_moe_layers
             moe_room = np.maximum(np.floor((free / per_kind[:, :, :, _MOE]).max(axis=2)), 0)
