@@ -858,10 +858,17 @@ def test_parallel_search_returns_what_the_serial_one_does(model, cluster, option
     """jobs 2 (a second process prices candidates ahead of the search) returns the same top K,
     the same TIGHT plan beside them and the same counts as jobs 1, on the brute-force cases above; so does a parallel search whose second
     process dies at once, or at its first candidate (the search then does the work itself)."""
+    import planner.search.best_first as P
     import planner.search.helper as H
 
+    monkeypatch.setattr(P, "HELPER_AFTER_S", 0.0)   # these searches are short: a helper all the same
+    started = []
+    start = H.Helper.start
+    monkeypatch.setattr(H.Helper, "start", classmethod(lambda cls, *a: started.append(start(*a)) or started[-1]))
     serial = _outcome(search(model, cluster, replace(options, jobs=1)))
+    assert not started
     assert _outcome(search(model, cluster, replace(options, jobs=2))) == serial
+    assert len(started) == 1 and started[0] is not None
     for broken in (_helper_dies_at_once, _helper_dies_at_its_first_candidate):
         monkeypatch.setattr(H, "helper_main", broken)
         assert _outcome(search(model, cluster, replace(options, jobs=2))) == serial
@@ -953,3 +960,18 @@ def test_a_parallel_search_stopped_by_its_time_limit_ends_as_the_serial_one(monk
         r = search(MODEL, MIXED, replace(OPTIONS, allow_tight=False, time_limit_s=0.001, jobs=jobs))
         assert r.status == "time-limit" and not any("TIGHT" in w for w in r.warnings), jobs
         _assert_counts_add_up(r)
+
+
+def test_a_search_shorter_than_a_helper_is_worth_runs_without_one(monkeypatch):
+    """With o.jobs >= 2 the helper starts only once queueing the families took HELPER_AFTER_S
+    (a shorter search ends before a second process pays for itself): the same plans either way."""
+    import planner.search.best_first as P
+    import planner.search.helper as H
+
+    started = []
+    monkeypatch.setattr(H.Helper, "start", classmethod(lambda cls, *a: started.append(a) or None))
+    o = replace(OPTIONS, top=3, allow_tight=False, jobs=2)
+    quick = _outcome(search(MODEL, MIXED, o))
+    assert started == []
+    monkeypatch.setattr(P, "HELPER_AFTER_S", 0.0)
+    assert _outcome(search(MODEL, MIXED, o)) == quick and len(started) == 1
