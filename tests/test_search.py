@@ -855,9 +855,11 @@ def _outcome(r):
 ], ids=["h100", "h100+a100", "two-site-all", "cost", "one-node-top5", "one-node-top8", "moe-dense-first",
      "allow-tight-uneven"])
 def test_parallel_search_returns_what_the_serial_one_does(model, cluster, options, monkeypatch):
-    """jobs 2 (a second process prices candidates ahead of the search) returns the same top K,
-    the same TIGHT plan beside them and the same counts as jobs 1, on the brute-force cases above; so does a parallel search whose second
-    process dies at once, or at its first candidate (the search then does the work itself)."""
+    """jobs 2 (a second process prices candidates ahead of the search, and in a big space screens
+    half of the families first) returns the same top K, the same TIGHT plan beside them and the
+    same counts as jobs 1, on the brute-force cases above; so does a parallel search whose
+    second process dies at once, or at its first candidate (the search then does the work
+    itself)."""
     import planner.search.best_first as P
     import planner.search.helper as H
 
@@ -868,10 +870,30 @@ def test_parallel_search_returns_what_the_serial_one_does(model, cluster, option
     serial = _outcome(search(model, cluster, replace(options, jobs=1)))
     assert not started
     assert _outcome(search(model, cluster, replace(options, jobs=2))) == serial
-    assert len(started) == 1 and started[0] is not None
+    assert len(started) == 1 and started[0] is not None and started[0].task_result is None
+    # the screen split with the helper (every space counts as big here)
+    monkeypatch.setattr(P, "SPLIT_SCREEN_FAMILIES", 0)
+    assert _outcome(search(model, cluster, replace(options, jobs=2))) == serial
+    assert len(started) == 2 and started[1].task_result is not None
+    main = H.helper_main
+    for broken in (_helper_dies_at_once, _helper_dies_at_its_first_candidate, _helper_fails_its_task(main)):
+        monkeypatch.setattr(H, "helper_main", broken)
+        assert _outcome(search(model, cluster, replace(options, jobs=2))) == serial
+    monkeypatch.setattr(P, "SPLIT_SCREEN_FAMILIES", 10 ** 9)
     for broken in (_helper_dies_at_once, _helper_dies_at_its_first_candidate):
         monkeypatch.setattr(H, "helper_main", broken)
         assert _outcome(search(model, cluster, replace(options, jobs=2))) == serial
+
+
+def _helper_fails_its_task(main):
+    """A helper whose first task raises (the search screens that half itself)."""
+    def broken(conn, model, cluster, o, task=None):
+        main(conn, model, cluster, o, (_raise, ()) if task is not None else None)
+    return broken
+
+
+def _raise():
+    raise RuntimeError("task failed")
 
 
 def _helper_dies_at_once(conn, *args):
@@ -975,3 +997,21 @@ def test_a_search_shorter_than_a_helper_is_worth_runs_without_one(monkeypatch):
     assert started == []
     monkeypatch.setattr(P, "HELPER_AFTER_S", 0.0)
     assert _outcome(search(MODEL, MIXED, o)) == quick and len(started) == 1
+
+
+def test_a_split_screen_names_the_same_closest_plan_when_nothing_fits(monkeypatch):
+    """When no plan fits, the closest miss comes from the families nearest to fitting: after a
+    screen split with the helper, every family is screened again for it, and it is the serial
+    search's (Llama 3 70B on one 8-GPU node)."""
+    import planner.search.best_first as P
+
+    one = cluster_from_dict({"name": "h100-1x8", "node_groups": [
+        {"name": "h100", "nodes": 1, "gpus_per_node": 8, "gpu": "h100-sxm-80g", "nics_per_node": 8,
+         "nic_bandwidth": "400 Gb/s"}]}, "test")
+    m = load_model_ref("llama3-70b")
+    o = SearchOptions(global_batch_size=16, seq_length=2048, top=1)
+    serial = search(m, one, o)
+    assert serial.plans == [] and serial.closest is not None
+    monkeypatch.setattr(P, "SPLIT_SCREEN_FAMILIES", 0)
+    split = search(m, one, replace(o, jobs=2))
+    assert split.closest.strategy == serial.closest.strategy and _outcome(split) == _outcome(serial)

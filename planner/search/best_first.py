@@ -28,7 +28,7 @@ from ..specs.cluster import ClusterSpec
 from ..specs.model import ModelSpec
 from ..strategy import Strategy
 from .bounds import Bounds
-from .family_screen import FamilyScreen
+from .family_screen import FamilyScreen, merged
 from .entries import (BLOCK, CAND, CELL, DEFERRED, FAMILY, REQUEUED, Cell, Child, Family, FamilySpec, Layouts,
                       Pending, QueuedFamily, Requeued, TimeClass, child_strategy, entry_count, family_of)
 from .helper import Helper
@@ -36,8 +36,8 @@ from .objective import check_objective, figures, usd_per_hour, usd_per_million_t
 from .pricing import add_effects, ilp_cross_check, priced_apart
 from .results import Plans
 from .screen import fits_exactly, least_block_recompute, memory_screen, stage_memories
-from .space import (PROGRESS_INTERVAL_S, SearchOptions, SearchProgress, SearchResult, execution_of, family_groups, warn,
-                    zero_options, stage_layouts)
+from .space import (PROGRESS_INTERVAL_S, SearchOptions, SearchProgress, SearchResult, enumerate_space, execution_of,
+                    family_groups, layer_executions, stage_layouts, warn, zero_options)
 from .split import initial_split, with_split
 
 # A screened candidate goes back in the queue only when its bound rose by more than rounding.
@@ -47,6 +47,11 @@ _REQUEUE_SLACK = 1e-9
 # forking it and handing it candidates cost about 0.1 s (Llama 3 70B on 128 nodes and a 1,000-layer
 # model searched 0.1 s slower with it), a search that queues its families faster ends in ~1 s.
 HELPER_AFTER_S = 0.5
+
+# Degrees x layer executions from which a search with o.jobs >= 2 splits its family screen with
+# the helper process (queueing that many takes about a second: Mixtral 8x22B's 19,840 on 256 H100
+# 1.0 s, DeepSeek-V3's 185,934 on mixed-512 6.6 s; Llama 3.1 405B's 3,992 0.2 s).
+SPLIT_SCREEN_FAMILIES = 15_000
 
 # Families ruled out by memory whose smallest candidate is tried for the closest-plan report.
 _CLOSEST_FAMILIES = 32
@@ -95,6 +100,17 @@ def search(model: ModelSpec, cluster: ClusterSpec, o: SearchOptions, progress=No
             gc.enable()
 
 
+def screen_half(model: ModelSpec, cluster: ClusterSpec, o: SearchOptions, part: int):
+    """The family screen (Screened) of the groups of one part (_BestFirst._families): what the
+    helper process computes for a search that splits its screen."""
+    first = _BestFirst(model, cluster, o, None)
+    screen = first._new_screen()
+    for p, pp, dp, m, names, rows, _ in first._families():
+        if p == part:
+            screen.add_group(pp, dp, m, names, rows)
+    return screen.run()
+
+
 class _BestFirst:
     """One search: the queue, the plans found, the caches its steps share and the result it
     fills in. run() queues the families, takes entries best first, and finishes the result."""
@@ -137,6 +153,7 @@ class _BestFirst:
         self.family_lbs: dict = {}
         self.floor_lbs: dict = {}
         self.unfit = np.zeros(0, dtype=np.int64)
+        self.group_args: list = []   # a split screen's groups, in order (_queue_families)
         # what the entries taken best first share
         self.seen: set = set()
         self.rank_fits: dict = {}    # fits_exactly's verdicts per rank, shared by block candidates
@@ -150,9 +167,10 @@ class _BestFirst:
     def run(self) -> SearchResult:
         """The families queued, the entries taken best first (then the TIGHT ones), the result.
         With o.jobs >= 2, the helper process starts once the families are queued, if that took
-        HELPER_AFTER_S: a search that short is over before a second process pays for itself."""
+        HELPER_AFTER_S (a search that short is over before a second process pays for itself),
+        unless it started before to screen half of them (_queue_families)."""
         self._queue_families()
-        if self.o.jobs >= 2 and time.perf_counter() - self.t0 >= HELPER_AFTER_S:
+        if self.helper is None and self.o.jobs >= 2 and time.perf_counter() - self.t0 >= HELPER_AFTER_S:
             self.helper = Helper.start(self.model, self.cluster, self.o)
         self._take_best_first()
         if self.tight_heap is not None and self.res.status != "time-limit":
@@ -230,21 +248,23 @@ class _BestFirst:
                                                 tuple(sorted(g for g, c in caps.items() if c > 0)))
         return self.layouts_cache[lkey].n_orders
 
-    def _queue_families(self) -> None:
-        """Families: degrees x micro-batch x recompute, screened by memory all at once
-        (family_screen.py), and those that may fit bounded over all their stage placements.
-        A family is a tuple until it is reached; its Strategy is built from its time class's."""
-        model, o, res = self.model, self.o, self.res
+    def _families(self):
+        """family_groups with each family's time class: per group of families (one degrees and
+        micro-batch), (part, pp, dp, m, names, rows, specs): rows as FamilyScreen.add_group takes
+        them, specs their FamilySpecs, part 0 or 1 alternating over (tp, cp, ep, etp, mbs) in
+        order of first appearance (the halves of a screen split between two processes; each
+        half builds its own activation tables, keyed by those). A family is a tuple until it is
+        reached; its Strategy is built from its time class's."""
+        model, o = self.model, self.o
         execution = execution_of(model, o, self.cluster)
         shared_overlap = execution.pop("moe_shared_expert_overlap")
-        screen = self.screen = FamilyScreen(model, self.cluster, self.zero_opts, o.uneven_chunks, self.with_margin)
-        specs = self.specs
         # (tp, cp, ep, etp, mbs, time class) -> (TimeClass, an int naming it: the screen keys its
         # tables by it, hashing the class 10^6 times was a third of the enumeration)
         classes: dict = {}
         # (tp, cp, ep, etp, mbs) -> per layer execution (family_groups' i): (TimeClass, int, its
         # floor's TimeClass, int)
         kinds_of: dict = {}
+        parts: dict = {}
 
         def time_class(tp, cp, ep, etp, mbs, kind) -> tuple[TimeClass, int]:
             ckey = (tp, cp, ep, etp, mbs, kind)
@@ -264,19 +284,73 @@ class _BestFirst:
             of = kinds_of.get(dkey)
             if of is None:
                 of = kinds_of[dkey] = {}
-            rows = []
+                parts[dkey] = len(parts) % 2
+            rows, specs = [], []
             for k, kind, vh, count in fams:
                 got = of.get(k)
                 if got is None:
                     cls, cid = time_class(tp, cp, ep, etp, mbs, kind.time_class)
                     got = of[k] = (cls, cid, *time_class(tp, cp, ep, etp, mbs, kind.floor))
                 cls, cid, floor, floor_id = got
-                res.candidates += count
                 # the bytes a GPU can allocate are the same without recompute: keyed by the floor
                 rows.append((cls.base, cid, floor_id, kind.block, max(vh)))
                 specs.append(FamilySpec(cls, floor, pp, dp, kind.block, vh, lkey, count, m))
-            screen.add_group(pp, dp, m, self.layouts_cache[lkey].names, rows)
-        self._queue_screened(screen.run())
+            yield parts[dkey], pp, dp, m, self.layouts_cache[lkey].names, rows, specs
+
+    def _new_screen(self) -> FamilyScreen:
+        return FamilyScreen(self.model, self.cluster, self.zero_opts, self.o.uneven_chunks, self.with_margin)
+
+    def _split_screen(self) -> bool:
+        """Whether the family screen is split with a helper process (o.jobs >= 2, and a space of
+        at least SPLIT_SCREEN_FAMILIES degrees x layer executions: queueing those takes ~1 s)."""
+        model, o = self.model, self.o
+        if o.jobs < 2:
+            return False
+        kinds = len(layer_executions(model, o, 2 if model.is_moe else 1))
+        return sum(1 for _ in enumerate_space(model, self.cluster, o)) * kinds >= SPLIT_SCREEN_FAMILIES
+
+    def _queue_families(self) -> None:
+        """Families: degrees x micro-batch x recompute, screened by memory all at once
+        (family_screen.py), and those that may fit bounded over all their stage placements.
+        With a big space and o.jobs >= 2 the helper process (started here) screens half of the
+        groups (screen_half) while this one screens the other half."""
+        screen = self.screen = self._new_screen()
+        if self._split_screen():
+            self.helper = Helper.start(self.model, self.cluster, self.o, (screen_half, (self.model, self.cluster,
+                                                                                       self.o, 1)))
+        split = self.helper is not None
+        here, there = [], []     # the groups screened here ((first spec index, families)) / there
+        for part, pp, dp, m, names, rows, specs in self._families():
+            at = (len(self.specs), len(specs))
+            self.specs.extend(specs)
+            args = (pp, dp, m, names, rows)
+            if split:
+                self.group_args.append(args)   # every group, in order (_peaks screens them again)
+            if split and part == 1:
+                there.append((at, args))
+            else:
+                screen.add_group(*args)
+                here.append(at)
+        self.res.candidates = sum(spec.candidates for spec in self.specs)
+        got = screen.run()
+        if split:
+            theirs = self.helper.screened()
+            if theirs is None:   # it failed or died: its half screened here
+                for _, args in there:
+                    screen.add_group(*args)
+                theirs = screen.run()
+            got = merged(len(self.specs), here, got, [at for at, _ in there], theirs)
+        self._queue_screened(got)
+
+    def _peaks(self, index) -> np.ndarray:
+        """The family screen's peak bounds of the families at `index` (of families that cannot
+        fit, asked only when no plan fits): after a split screen, every group screened again."""
+        if not self.group_args:
+            return self.screen.peaks(index)
+        screen = self._new_screen()
+        for args in self.group_args:
+            screen.add_group(*args)
+        return screen.run(every_peak=True).peak[index]
 
     def _family_lb(self, i: int, spec: FamilySpec, lay: Layouts) -> float:
         """The time bound of family i (a pure function of it, cached)."""
@@ -605,7 +679,7 @@ class _BestFirst:
                 closest = (short, c)
         if closest is None:
             # the families memory ruled out with the least peak bytes, their candidates tried
-            peaks = self.screen.peaks(self.unfit)
+            peaks = self._peaks(self.unfit)
             near = self.unfit[np.argsort(peaks, kind="stable")[:_CLOSEST_FAMILIES]]
             closest = _closest_of(model, cluster,
                                   [family_of(self.specs[i], self.layouts_cache[self.specs[i].lkey]) for i in near],

@@ -297,3 +297,23 @@ class FamilyScreen:
             moe_room = np.maximum(np.floor((free / per_kind[:, :, :, _MOE]).max(axis=2)), 0)
             fit &= (m3 * np.minimum(moe_room + sl, n_moe)).sum(axis=2) >= n_moe
         return fit
+
+
+def merged(n: int, here: list, mine, there: list, theirs) -> Screened:
+    """One Screened of n families from two over parts of them: `here` and `there` the (first
+    index, count) runs of families each one holds, in order."""
+    def index(runs):
+        if not runs:
+            return np.zeros(0, dtype=np.int64)
+        first, count = np.array(runs).T
+        return np.repeat(first - np.concatenate(([0], np.cumsum(count)[:-1])), count) + np.arange(count.sum())
+
+    out = []
+    for a, b in zip(mine, theirs):
+        if a is None:
+            out.append(None)
+            continue
+        full = np.empty((n,) + a.shape[1:], dtype=a.dtype)
+        full[index(here)], full[index(there)] = a, b
+        out.append(full)
+    return Screened(*out)

@@ -24,11 +24,19 @@ def start_method() -> str:
     return "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
 
 
-def helper_main(conn, model: ModelSpec, cluster: ClusterSpec, o: SearchOptions) -> None:
-    """The helper process (Helper): candidates priced as they come (pricing.priced_apart) until
-    told to stop."""
+def helper_main(conn, model: ModelSpec, cluster: ClusterSpec, o: SearchOptions, task=None) -> None:
+    """The helper process (Helper): its first task, (function, arguments) or None, whose result
+    goes back (None if it fails), then candidates priced as they come (pricing.priced_apart)
+    until told to stop."""
     gc.disable()
     try:
+        if task is not None:
+            fn, args = task
+            try:
+                got = fn(*args)
+            except Exception:   # the search does the task itself
+                got = None
+            conn.send(("task", got))
         conn.send(("ready", None))
         while True:
             s = conn.recv()
@@ -55,7 +63,8 @@ class Helper:
     def __init__(self, proc, conn):
         self.proc, self.conn = proc, conn
         self.alive = True
-        self.ready = False           # the helper takes candidates (it has started)
+        self.ready = False           # the helper takes candidates (its first task is done)
+        self.task_result = None      # what its first task returned
         self.pending: list = []      # (bound, tie, strategy): candidates it may price
         self.in_hand = None          # the candidate it is pricing
         self.results: dict = {}      # strategy -> priced_apart's result
@@ -63,13 +72,15 @@ class Helper:
         self.taken = 0               # results the search used (its report)
 
     @classmethod
-    def start(cls, model: ModelSpec, cluster: ClusterSpec, o: SearchOptions) -> "Helper | None":
-        """The helper, or None when no process can be started."""
+    def start(cls, model: ModelSpec, cluster: ClusterSpec, o: SearchOptions, task=None) -> "Helper | None":
+        """The helper, or None when no process can be started. `task`: (function, arguments) it
+        runs first (module-level, so a spawned process can take it), its result read with
+        `screened`."""
         try:
             method = start_method()
             ctx = multiprocessing.get_context(method)
             here, there = ctx.Pipe()
-            proc = ctx.Process(target=helper_main, daemon=True, args=(there, model, cluster, o))
+            proc = ctx.Process(target=helper_main, daemon=True, args=(there, model, cluster, o, task))
             proc.start()
         except (OSError, AssertionError, ValueError):   # e.g. inside a daemonic process
             return None
@@ -82,7 +93,9 @@ class Helper:
             while self.alive and (block or self.conn.poll()):
                 block = False
                 kind, *rest = self.conn.recv()
-                if kind == "ready":
+                if kind == "task":
+                    self.task_result = rest[0]
+                elif kind == "ready":
                     self.ready = True
                 else:
                     s, got = rest
@@ -141,6 +154,13 @@ class Helper:
         else:
             self.taken += 1
         return got
+
+    def screened(self):
+        """What its first task returned: None if it had none, failed or died (the search then
+        does it itself)."""
+        while self.alive and not self.ready:
+            self.receive(True)
+        return self.task_result
 
     def close(self) -> None:
         """Stop the helper: told to, or ended if it is still in a search or pricing."""
