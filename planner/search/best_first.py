@@ -439,7 +439,9 @@ class _BestFirst:
         alone, so the TIGHT plans found are the best of the space. Its counts stay out of the
         result: they describe the space searched for plans that fit with margin."""
         res, heap = self.res, self.heap
-        self.res = SearchResult(plans=[], solver=res.solver, objective=res.objective)
+        # its own counts, from the first's (the progress lines go on from there)
+        self.res = SearchResult(plans=[], solver=res.solver, objective=res.objective, candidates=res.candidates,
+                                priced=res.priced)
         self.heap, self.tight_phase, self.with_margin = self.tight_heap, True, False
         try:
             self._take_best_first()
