@@ -1015,3 +1015,22 @@ def test_a_split_screen_names_the_same_closest_plan_when_nothing_fits(monkeypatc
     monkeypatch.setattr(P, "SPLIT_SCREEN_FAMILIES", 0)
     split = search(m, one, replace(o, jobs=2))
     assert split.closest.strategy == serial.closest.strategy and _outcome(split) == _outcome(serial)
+
+
+@pytest.mark.parametrize("top", [6, 8])
+def test_tight_plans_close_a_short_list_as_brute_force_ranks_them(top):
+    """When fewer than K plans fit with margin (one 4-GPU node), the list closes with the best
+    TIGHT plans of the space that no plan of the space dominates (one that fits with margin
+    included), by step time; the TIGHT phase finds them as brute force does."""
+    o = replace(OPTIONS, top=top, allow_tight=False)
+    _, _, _, fitting = _brute_force(MODEL, H100_ALONE, o)
+    plans = _plans_of_space(fitting)
+    front = set(_front([_point(e) for e in plans]))
+    safe = _front([_point(e) for e in plans if e.memory_verdict == "fits"])
+    tight = sorted({_point(e) for e in plans if e.memory_verdict == "tight" and _point(e) in front})
+    n_tight = len({_point(e) for e in plans if e.memory_verdict == "tight"})
+    assert len(safe) < top and n_tight > len(tight) >= 1   # some TIGHT plans are dominated
+    r = search(MODEL, H100_ALONE, o)
+    n_safe = len(r.plans) - r.tight_listed
+    assert _flat(_point(e) for e in r.plans[:n_safe]) == pytest.approx(_flat(safe), rel=1e-9)
+    assert _flat(_point(e) for e in r.plans[n_safe:]) == pytest.approx(_flat(tight[:top - n_safe]), rel=1e-9)

@@ -32,7 +32,7 @@ from .family_screen import FamilyScreen, merged
 from .entries import (BLOCK, CAND, CELL, DEFERRED, FAMILY, REQUEUED, Cell, Child, Family, FamilySpec, Layouts,
                       Pending, QueuedFamily, Requeued, TimeClass, child_strategy, entry_count, family_of)
 from .helper import Helper
-from .objective import check_objective, figures, usd_per_hour, usd_per_million_tokens
+from .objective import check_objective, dominates, figures, usd_per_hour, usd_per_million_tokens
 from .pricing import add_effects, ilp_cross_check, priced_apart
 from .results import Plans
 from .screen import fits_exactly, least_block_recompute, memory_screen, stage_memories
@@ -657,7 +657,10 @@ class _BestFirst:
             tight = plans.tight.items
             if not plans.items or tight[0][0] < plans.items[0][0]:
                 res.fastest_tight = tight[0][3]
-            # fewer than K plans fit with margin: the best TIGHT ones close the list
+            # fewer than K plans fit with margin: the best TIGHT ones close the list, those no
+            # plan that fits with margin dominates (the plans kept apart dominate only each other)
+            if not o.keep_dominated:
+                tight = [x for x in tight if not any(dominates(p[1], x[1]) for p in plans.items)]
             fill = tight[:max(o.top - len(res.plans), 0)]
             res.tight_listed = len(fill)
             res.plans += [x[3] for x in fill]
