@@ -1034,3 +1034,20 @@ def test_tight_plans_close_a_short_list_as_brute_force_ranks_them(top):
     n_safe = len(r.plans) - r.tight_listed
     assert _flat(_point(e) for e in r.plans[:n_safe]) == pytest.approx(_flat(safe), rel=1e-9)
     assert _flat(_point(e) for e in r.plans[n_safe:]) == pytest.approx(_flat(tight[:top - n_safe]), rel=1e-9)
+
+
+def test_safe_by_default_under_the_cost_objective_names_the_cheapest_tight_plan():
+    """Safe by default under --objective cost: the top K are the cheapest plans that fit with
+    margin (of their front), and the TIGHT plan named beside them is the cheapest TIGHT plan of
+    the space when it costs less than #1, against brute force."""
+    o = replace(OPTIONS, top=3, allow_tight=False, objective="cost")
+    _, _, _, fitting = _brute_force(MODEL, MIXED, o)
+    plans = _plans_of_space(fitting)
+    safe = [_point(e) + (_usd_per_step(e),) for e in plans if e.memory_verdict == "fits"]
+    by_cost = sorted(_front(safe), key=lambda p: (p[3],) + p[:3])
+    r = search(MODEL, PRICED_MIXED, o)
+    assert all(e.memory_verdict == "fits" for e in r.plans)
+    assert _flat(_point(e) + (_usd_per_step(e),) for e in r.plans) == pytest.approx(_flat(by_cost[:3]), rel=1e-9)
+    cheapest_tight = min(_usd_per_step(e) for e in plans if e.memory_verdict == "tight")
+    assert cheapest_tight < _usd_per_step(r.plans[0])   # here a TIGHT plan is cheaper than #1
+    assert _usd_per_step(r.fastest_tight) == pytest.approx(cheapest_tight, rel=1e-9)
