@@ -6,23 +6,25 @@ Stage i holds at most the layers that fit on the roomiest GPU of the family's no
 under each ZeRO stage (every rank of a candidate runs the same one: a family may fit under
 some and not others, and the search builds candidates only under those) at vpp 1 (virtual
 stages only keep more micro-batches in flight; an uneven rank of n layers holds at least the
-activations of the even v floor(n / v) below it, hence a slack of v - 1 layers), with the lower bounds of cost/memory.py: a rank
-holds >= fixed + per-layer x layers bytes, fixed = stage_fixed_bytes_parts (bytes + bytes per
-micro-batch x in flight), per-layer = layer_memory_bytes (states + kept activations x in
-flight). Under 1F1B a later middle stage keeps no more micro-batches than an earlier one
-(p - i - 1 warm-up forwards), so its room is no smaller and its per-layer bytes no larger: the
-middle stages are evaluated at SCREEN_POINTS points, each standing for the stages before it.
-With dense and MoE layers, a rank holds at most (room - fixed) / (an MoE layer's bytes) MoE
-layers whatever dense layers it also holds, so the MoE layers must fit in those rooms too. A
-block-recompute family is screened as full recompute of every layer but one per rank (its
-candidates recompute at most all but one layer of each chunk, and keep more).
+activations of the even v floor(n / v) below it, hence a slack of v - 1 layers), with the
+lower bounds of cost/memory.py: a rank holds >= fixed + per-layer x layers bytes, fixed =
+stage_fixed_bytes_parts (bytes + bytes per micro-batch x in flight), per-layer =
+layer_memory_bytes (states + kept activations x in flight). Under 1F1B a later middle stage
+keeps no more micro-batches than an earlier one (p - i - 1 warm-up forwards), so its room is
+no smaller and its per-layer bytes no larger: the middle stages are evaluated at SCREEN_POINTS
+points, each standing for the stages before it. With dense and MoE layers, a rank holds at
+most (room - fixed) / (an MoE layer's bytes) MoE layers whatever dense layers it also holds,
+so the MoE layers must fit in those rooms too. A block-recompute family is screened as full
+recompute of every layer but one per rank (its candidates recompute at most all but one layer
+of each chunk, and keep more).
 
 The terms are tables shared by many families, each keyed by what it depends on: the states
 (degrees, data-parallel size, ZeRO stage, pp > 1), the activations (the time class: degrees,
-micro-batch, recompute; pp > 1), the bytes a GPU can allocate (the time class up to its recompute,
-and the NCCL communicators a rank opens), the in-flight micro-batches (depth, micro-batch count, EP-overlap
-schedule). A search screens its 10^5 families in one pass of numpy over families x ZeRO stages
-x node groups x layer kinds x points, so the families that cannot fit are never bounded in time.
+micro-batch, recompute; pp > 1), the bytes a GPU can allocate (the time class up to its
+recompute, and the NCCL communicators a rank opens), the in-flight micro-batches (depth,
+micro-batch count, EP-overlap schedule). A search screens its 10^5 families in one pass of
+numpy over families x ZeRO stages x node groups x layer kinds x points, so the families that
+cannot fit are never bounded in time.
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
-"""The second process of a search (`plan --jobs N`, N >= 2): it prices candidates ahead of the
-search. Pricing is a pure function of a candidate (pricing.priced_apart) and the search still
-decides everything in its own order, so plans and counts are those of a serial search
-(docs/search.md)."""
+"""The second process of a search (`plan --jobs N`, N >= 2): in a big space it first screens
+half of the families (best_first.screen_half, a pure function of the space), then it prices
+candidates ahead of the search. Pricing is a pure function of a candidate (pricing.priced_apart)
+and the search still decides everything in its own order, so plans and counts are those of a
+serial search (docs/search.md)."""
 
 from __future__ import annotations
 
@@ -50,10 +51,10 @@ def helper_main(conn, model: ModelSpec, cluster: ClusterSpec, o: SearchOptions, 
 
 
 class Helper:
-    """A second process for a search (o.jobs >= 2): it prices candidates ahead of the search.
-    The search offers it the candidates it queued again (most of those it prices come that way), and
-    while it has none in hand the helper takes the cheapest-bounded of them that the search is
-    not about to reach itself. When the search comes to price a candidate it takes the
+    """A second process for a search (o.jobs >= 2): a first task (a half of the family screen),
+    then candidates priced ahead of the search. The search offers it the candidates it queued
+    again (most of those it prices come that way), and while it has none in hand the helper
+    takes the cheapest-bounded of them that the search is not about to reach itself. When the search comes to price a candidate it takes the
     helper's result, waiting for it if it is being priced, or prices it itself. Pricing is a
     pure function of the candidate, and the search decides in its own order as before, so the
     plans and counts are those of a serial search; only the time differs. Anything that stops

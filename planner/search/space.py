@@ -447,8 +447,9 @@ def family_groups(model: ModelSpec, cluster: ClusterSpec, o: SearchOptions, layo
     """Every family of the space, grouped by what they share: (tp, cp, pp, dp, ep, etp, mbs,
     micro-batches, [(i, LayerExecution, vpps, candidates), ...]), one entry per degrees and
     micro-batch with its layer executions, i each one's place in layer_executions(model, o, ep)
-    (10^5 families in 10^4 groups: the search handles a group's families together). `layouts_of(per_stage, pp)` gives the stage orders a pipeline
-    of that shape has under o's GPU budget (0: none)."""
+    (10^5 families in 10^4 groups: the search handles a group's families together).
+    `layouts_of(per_stage, pp)` gives the stage orders a pipeline of that shape has under o's
+    GPU budget (0: none)."""
     fixed = dict(o.fixed)
     L = model.num_layers
     mbs_opts = [fixed["mbs"]] if "mbs" in fixed else list(MICRO_BATCHES)
