@@ -221,3 +221,24 @@ def test_no_layer_execution_is_faster_than_its_floor(model_name):
                     >= bounds.family(f, time_key(f), pp, f.num_microbatches, per, caps, 1)), kind
             checked += kind.floor != kind.time_class
     assert checked >= 3
+
+
+@pytest.mark.parametrize("model_name", ["deepseek-v3", "llama3-70b"])
+def test_the_bytes_a_gpu_can_allocate_do_not_depend_on_recompute(model_name):
+    """The family screen keys the bytes a GPU can allocate by the time class up to its recompute
+    (family_screen.py add_group's alloc_key): recompute and its modules change none of them,
+    with or without the memory model's margin; TP comm overlap (userbuffers) does."""
+    from planner.cost.memory import usable_bytes
+    from planner.search.space import layer_executions
+
+    model, cluster = load_model_ref(model_name), load_cluster_ref("mixed-512")
+    o = SearchOptions(global_batch_size=1024, seq_length=4096, recompute=("none", "selective", "full"))
+    ep = 8 if model.is_moe else 1
+    base = Strategy(tp=4, ep=ep, pp=8, dp=16, micro_batch_size=2, global_batch_size=1024, seq_length=4096,
+                    sequence_parallel=True)
+    for g in cluster.node_groups:
+        for margin in (False, True):
+            got = {usable_bytes(model, base.with_(**kind.fields(False)), g.gpu, margin)
+                   for kind in layer_executions(model, o, ep) if not kind.ep_overlap}
+            assert len(got) == 1, (g.name, margin, got)
+            assert usable_bytes(model, base.with_(tp_comm_overlap=True), g.gpu, margin) not in got
