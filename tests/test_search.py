@@ -861,6 +861,7 @@ def test_parallel_search_returns_what_the_serial_one_does(model, cluster, option
     second process dies at once, or at its first candidate (the search then does the work
     itself)."""
     import planner.search.best_first as P
+    import planner.search.families as F
     import planner.search.helper as H
 
     monkeypatch.setattr(P, "HELPER_AFTER_S", 0.0)   # these searches are short: a helper all the same
@@ -872,14 +873,14 @@ def test_parallel_search_returns_what_the_serial_one_does(model, cluster, option
     assert _outcome(search(model, cluster, replace(options, jobs=2))) == serial
     assert len(started) == 1 and started[0] is not None and started[0].task_result is None
     # the screen split with the helper (every space counts as big here)
-    monkeypatch.setattr(P, "SPLIT_SCREEN_FAMILIES", 0)
+    monkeypatch.setattr(F, "SPLIT_SCREEN_FAMILIES", 0)
     assert _outcome(search(model, cluster, replace(options, jobs=2))) == serial
     assert len(started) == 2 and started[1].task_result is not None
     main = H.helper_main
     for broken in (_helper_dies_at_once, _helper_dies_at_its_first_candidate, _helper_fails_its_task(main)):
         monkeypatch.setattr(H, "helper_main", broken)
         assert _outcome(search(model, cluster, replace(options, jobs=2))) == serial
-    monkeypatch.setattr(P, "SPLIT_SCREEN_FAMILIES", 10 ** 9)
+    monkeypatch.setattr(F, "SPLIT_SCREEN_FAMILIES", 10 ** 9)
     for broken in (_helper_dies_at_once, _helper_dies_at_its_first_candidate):
         monkeypatch.setattr(H, "helper_main", broken)
         assert _outcome(search(model, cluster, replace(options, jobs=2))) == serial
@@ -1003,7 +1004,7 @@ def test_a_split_screen_names_the_same_closest_plan_when_nothing_fits(monkeypatc
     """When no plan fits, the closest miss comes from the families nearest to fitting: after a
     screen split with the helper, every family is screened again for it, and it is the serial
     search's (Llama 3 70B on one 8-GPU node)."""
-    import planner.search.best_first as P
+    import planner.search.families as F
 
     one = cluster_from_dict({"name": "h100-1x8", "node_groups": [
         {"name": "h100", "nodes": 1, "gpus_per_node": 8, "gpu": "h100-sxm-80g", "nics_per_node": 8,
@@ -1012,7 +1013,7 @@ def test_a_split_screen_names_the_same_closest_plan_when_nothing_fits(monkeypatc
     o = SearchOptions(global_batch_size=16, seq_length=2048, top=1)
     serial = search(m, one, o)
     assert serial.plans == [] and serial.closest is not None
-    monkeypatch.setattr(P, "SPLIT_SCREEN_FAMILIES", 0)
+    monkeypatch.setattr(F, "SPLIT_SCREEN_FAMILIES", 0)
     split = search(m, one, replace(o, jobs=2))
     assert split.closest.strategy == serial.closest.strategy and _outcome(split) == _outcome(serial)
 

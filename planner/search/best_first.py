@@ -23,21 +23,21 @@ from dataclasses import replace
 import numpy as np
 
 from ..errors import InvalidStrategy, PlannerError
-from ..estimate import Estimate, estimate, time_key
+from ..estimate import Estimate, estimate
 from ..specs.cluster import ClusterSpec
 from ..specs.model import ModelSpec
 from ..strategy import Strategy
 from .bounds import Bounds
 from .family_screen import FamilyScreen, merged
 from .entries import (BLOCK, CAND, CELL, DEFERRED, FAMILY, REQUEUED, Cell, Child, Family, FamilySpec, Layouts,
-                      Pending, QueuedFamily, Requeued, TimeClass, child_strategy, entry_count, family_of)
+                      Pending, QueuedFamily, Requeued, child_strategy, entry_count, family_of)
+from .families import Families, screen_half
 from .helper import Helper
-from .objective import check_objective, dominates, figures, usd_per_hour, usd_per_million_tokens
+from .objective import check_objective, dominates, figures, usd_per_million_tokens
 from .pricing import add_effects, ilp_cross_check, priced_apart
 from .results import Plans
 from .screen import fits_exactly, least_block_recompute, memory_screen, stage_memories
-from .space import (PROGRESS_INTERVAL_S, SearchOptions, SearchProgress, SearchResult, enumerate_space, execution_of,
-                    family_groups, layer_executions, stage_layouts, warn, zero_options)
+from .space import PROGRESS_INTERVAL_S, SearchOptions, SearchProgress, SearchResult, warn, zero_options
 from .split import initial_split, with_split
 
 # A screened candidate goes back in the queue only when its bound rose by more than rounding.
@@ -47,11 +47,6 @@ _REQUEUE_SLACK = 1e-9
 # forking it and handing it candidates cost about 0.1 s (Llama 3 70B on 128 nodes and a 1,000-layer
 # model searched 0.1 s slower with it), a search that queues its families faster ends in ~1 s.
 HELPER_AFTER_S = 0.5
-
-# Degrees x layer executions from which a search with o.jobs >= 2 splits its family screen with
-# the helper process (queueing that many takes about a second: Mixtral 8x22B's 19,840 on 256 H100
-# 1.0 s, DeepSeek-V3's 185,934 on mixed-512 6.6 s; Llama 3.1 405B's 3,992 0.2 s).
-SPLIT_SCREEN_FAMILIES = 15_000
 
 # Families ruled out by memory whose smallest candidate is tried for the closest-plan report.
 _CLOSEST_FAMILIES = 32
@@ -100,17 +95,6 @@ def search(model: ModelSpec, cluster: ClusterSpec, o: SearchOptions, progress=No
             gc.enable()
 
 
-def screen_half(model: ModelSpec, cluster: ClusterSpec, o: SearchOptions, part: int):
-    """The family screen (Screened) of the groups of one part (_BestFirst._families): what the
-    helper process computes for a search that splits its screen."""
-    first = _BestFirst(model, cluster, o, None)
-    screen = first._new_screen()
-    for p, pp, dp, m, names, rows, _ in first._families():
-        if p == part:
-            screen.add_group(pp, dp, m, names, rows)
-    return screen.run()
-
-
 class _BestFirst:
     """One search: the queue, the plans found, the caches its steps share and the result it
     fills in. run() queues the families, takes entries best first, and finishes the result."""
@@ -141,8 +125,9 @@ class _BestFirst:
         self.zero_opts = zero_options(o)
         self.heap: list = []   # (objective bound, tie, kind, payload)
         self.tie = itertools.count()
+        self.families = Families(model, cluster, o, self.bounds, self.with_margin)
         # (GPUs per stage, pp) -> Layouts
-        self.layouts_cache: dict = {}
+        self.layouts_cache: dict = self.families.layouts
         self.plans = Plans(o)
         self.tokens_per_step = o.global_batch_size * o.seq_length
         self.priced_cluster = cluster.is_priced
@@ -203,10 +188,6 @@ class _BestFirst:
         if self.tight_heap is not None and not self.tight_phase:
             heapq.heappush(self.tight_heap, (bound, next(self.tie), kind, payload))
 
-    def _usd_hour(self, counts: tuple, per: int) -> float | None:
-        used = {g.name: c * per for g, c in zip(self.cluster.node_groups, counts)}
-        return usd_per_hour(self.cluster, used, self.o.charge_idle)
-
     def _objective_lb(self, step_lb: float, usd_h) -> float:
         """A bound on the objective from a bound on step time and the GPUs charged: the cost
         per token is the charged USD per hour times the step time over the tokens per step."""
@@ -236,91 +217,18 @@ class _BestFirst:
 
     # ---- 1. families -----------------------------------------------------------------------------
 
-    def _layouts_of(self, per: int, pp: int) -> int:
-        lkey = (per, pp)
-        if lkey not in self.layouts_cache:
-            lay = stage_layouts(self.cluster, per, pp, self.o.budget)
-            usd = {counts: self._usd_hour(counts, per) for counts in lay}
-            known = [u for u in usd.values() if u is not None]
-            caps = self.bounds.stage_caps(per, pp, lay)
-            self.layouts_cache[lkey] = Layouts(lay, sum(len(v) for v in lay.values()), caps,
-                                                usd, min(known) if known and len(known) == len(usd) else None,
-                                                tuple(sorted(g for g, c in caps.items() if c > 0)))
-        return self.layouts_cache[lkey].n_orders
-
-    def _families(self):
-        """family_groups with each family's time class: per group of families (one degrees and
-        micro-batch), (part, pp, dp, m, names, rows, specs): rows as FamilyScreen.add_group takes
-        them, specs their FamilySpecs, part 0 or 1 alternating over (tp, cp, ep, etp, mbs) in
-        order of first appearance (the halves of a screen split between two processes; each
-        half builds its own activation tables, keyed by those). A family is a tuple until it is
-        reached; its Strategy is built from its time class's."""
-        model, o = self.model, self.o
-        execution = execution_of(model, o, self.cluster)
-        shared_overlap = execution.pop("moe_shared_expert_overlap")
-        # (tp, cp, ep, etp, mbs, time class) -> (TimeClass, an int naming it: the screen keys its
-        # tables by it, hashing the class 10^6 times was a third of the enumeration)
-        classes: dict = {}
-        # (tp, cp, ep, etp, mbs) -> per layer execution (family_groups' i): (TimeClass, int, its
-        # floor's TimeClass, int)
-        kinds_of: dict = {}
-        parts: dict = {}
-
-        def time_class(tp, cp, ep, etp, mbs, kind) -> tuple[TimeClass, int]:
-            ckey = (tp, cp, ep, etp, mbs, kind)
-            got = classes.get(ckey)
-            if got is None:
-                ts = Strategy(tp=tp, cp=cp, ep=ep, etp=etp, micro_batch_size=mbs,
-                              global_batch_size=o.global_batch_size, seq_length=o.seq_length,
-                              sequence_parallel=tp > 1, precision=o.precision,
-                              **execution, **kind.fields(shared_overlap),
-                              overlap_grad_reduce=True)
-                got = classes[ckey] = (TimeClass(ts, time_key(ts)), len(classes))
-            return got
-
-        for tp, cp, pp, dp, ep, etp, mbs, m, fams in family_groups(model, self.cluster, o, self._layouts_of):
-            lkey = (tp * cp * dp, pp)
-            dkey = (tp, cp, ep, etp, mbs)
-            of = kinds_of.get(dkey)
-            if of is None:
-                of = kinds_of[dkey] = {}
-                parts[dkey] = len(parts) % 2
-            rows, specs = [], []
-            for k, kind, vh, count in fams:
-                got = of.get(k)
-                if got is None:
-                    cls, cid = time_class(tp, cp, ep, etp, mbs, kind.time_class)
-                    got = of[k] = (cls, cid, *time_class(tp, cp, ep, etp, mbs, kind.floor))
-                cls, cid, floor, floor_id = got
-                # the bytes a GPU can allocate are the same without recompute: keyed by the floor
-                rows.append((cls.base, cid, floor_id, kind.block, max(vh)))
-                specs.append(FamilySpec(cls, floor, pp, dp, kind.block, vh, lkey, count, m))
-            yield parts[dkey], pp, dp, m, self.layouts_cache[lkey].names, rows, specs
-
-    def _new_screen(self) -> FamilyScreen:
-        return FamilyScreen(self.model, self.cluster, self.zero_opts, self.o.uneven_chunks, self.with_margin)
-
-    def _split_screen(self) -> bool:
-        """Whether the family screen is split with a helper process (o.jobs >= 2, and a space of
-        at least SPLIT_SCREEN_FAMILIES degrees x layer executions: queueing those takes ~1 s)."""
-        model, o = self.model, self.o
-        if o.jobs < 2:
-            return False
-        kinds = len(layer_executions(model, o, 2 if model.is_moe else 1))
-        return sum(1 for _ in enumerate_space(model, self.cluster, o)) * kinds >= SPLIT_SCREEN_FAMILIES
-
     def _queue_families(self) -> None:
         """Families: degrees x micro-batch x recompute, screened by memory all at once
         (family_screen.py), and those that may fit bounded over all their stage placements.
         With a big space and o.jobs >= 2 the helper process (started here) screens half of the
         groups (screen_half) while this one screens the other half."""
-        screen = self.screen = self._new_screen()
-        if self._split_screen():
+        screen = self.screen = self.families.new_screen()
+        if self.families.split():
             self.helper = Helper.start(self.model, self.cluster, self.o, (screen_half, (self.model, self.cluster,
                                                                                        self.o, 1)))
         split = self.helper is not None
         here, there = [], []     # the groups screened here ((first spec index, families)) / there
-        for part, pp, dp, m, names, rows, specs in self._families():
+        for part, pp, dp, m, names, rows, specs in self.families.groups():
             at = (len(self.specs), len(specs))
             self.specs.extend(specs)
             args = (pp, dp, m, names, rows)
@@ -347,7 +255,7 @@ class _BestFirst:
         fit, asked only when no plan fits): after a split screen, every group screened again."""
         if not self.group_args:
             return self.screen.peaks(index)
-        screen = self._new_screen()
+        screen = self.families.new_screen()
         for args in self.group_args:
             screen.add_group(*args)
         return screen.run(every_peak=True).peak[index]

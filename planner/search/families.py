@@ -1,0 +1,126 @@
+"""The families of a search's space as the best-first search (best_first.py) queues them:
+each family's time class (its Strategy without pp, dp or placement, and its time key), the stage
+layouts of its pipeline shape (Layouts) and its row of the family memory screen, group by
+group of one degrees and micro-batch (Families.groups); and the half of the screen the helper
+process computes when a search splits it (screen_half)."""
+
+from __future__ import annotations
+
+from ..estimate import time_key
+from ..specs.cluster import ClusterSpec
+from ..specs.model import ModelSpec
+from ..strategy import Strategy
+from .bounds import Bounds
+from .entries import FamilySpec, Layouts, TimeClass
+from .family_screen import FamilyScreen
+from .objective import usd_per_hour
+from .space import (SearchOptions, enumerate_space, execution_of, family_groups, layer_executions, stage_layouts,
+                    zero_options)
+
+# Degrees x layer executions from which a search with o.jobs >= 2 splits its family screen with
+# the helper process (queueing that many takes about a second: Mixtral 8x22B's 19,840 on 256 H100
+# 1.0 s, DeepSeek-V3's 185,934 on mixed-512 6.6 s; Llama 3.1 405B's 3,992 0.2 s).
+SPLIT_SCREEN_FAMILIES = 15_000
+
+
+class Families:
+    """The space's families for one search: model, cluster and options, the search's bounds
+    (for the stage caps of each layout) and whether its memory screens leave the margin."""
+
+    def __init__(self, model: ModelSpec, cluster: ClusterSpec, o: SearchOptions, bounds: Bounds,
+                 with_margin: bool):
+        self.model, self.cluster, self.o, self.bounds = model, cluster, o, bounds
+        self.with_margin = with_margin
+        self.zero_opts = zero_options(o)
+        self.layouts: dict = {}   # (GPUs per stage, pp) -> Layouts
+
+    def usd_hour(self, counts: tuple, per: int) -> float | None:
+        """USD an hour of the GPUs charged for stages of `per` GPUs, `counts` on each group."""
+        used = {g.name: c * per for g, c in zip(self.cluster.node_groups, counts)}
+        return usd_per_hour(self.cluster, used, self.o.charge_idle)
+
+    def layouts_of(self, per: int, pp: int) -> int:
+        """How many stage orders pipelines of pp stages of `per` GPUs have (their Layouts
+        cached in self.layouts)."""
+        lkey = (per, pp)
+        if lkey not in self.layouts:
+            lay = stage_layouts(self.cluster, per, pp, self.o.budget)
+            usd = {counts: self.usd_hour(counts, per) for counts in lay}
+            known = [u for u in usd.values() if u is not None]
+            caps = self.bounds.stage_caps(per, pp, lay)
+            self.layouts[lkey] = Layouts(lay, sum(len(v) for v in lay.values()), caps,
+                                         usd, min(known) if known and len(known) == len(usd) else None,
+                                         tuple(sorted(g for g, c in caps.items() if c > 0)))
+        return self.layouts[lkey].n_orders
+
+    def groups(self):
+        """family_groups with each family's time class: per group of families (one degrees and
+        micro-batch), (part, pp, dp, m, names, rows, specs): rows as FamilyScreen.add_group takes
+        them, specs their FamilySpecs, part 0 or 1 alternating over (tp, cp, ep, etp, mbs) in
+        order of first appearance (the halves of a screen split between two processes; each
+        half builds its own activation tables, keyed by those). A family is a tuple until it is
+        reached; its Strategy is built from its time class's."""
+        model, o = self.model, self.o
+        execution = execution_of(model, o, self.cluster)
+        shared_overlap = execution.pop("moe_shared_expert_overlap")
+        # (tp, cp, ep, etp, mbs, time class) -> (TimeClass, an int naming it: the screen keys its
+        # tables by it, hashing the class 10^6 times was a third of the enumeration)
+        classes: dict = {}
+        # (tp, cp, ep, etp, mbs) -> per layer execution (family_groups' i): (TimeClass, int, its
+        # floor's TimeClass, int)
+        kinds_of: dict = {}
+        parts: dict = {}
+
+        def time_class(tp, cp, ep, etp, mbs, kind) -> tuple[TimeClass, int]:
+            ckey = (tp, cp, ep, etp, mbs, kind)
+            got = classes.get(ckey)
+            if got is None:
+                ts = Strategy(tp=tp, cp=cp, ep=ep, etp=etp, micro_batch_size=mbs,
+                              global_batch_size=o.global_batch_size, seq_length=o.seq_length,
+                              sequence_parallel=tp > 1, precision=o.precision,
+                              **execution, **kind.fields(shared_overlap),
+                              overlap_grad_reduce=True)
+                got = classes[ckey] = (TimeClass(ts, time_key(ts)), len(classes))
+            return got
+
+        for tp, cp, pp, dp, ep, etp, mbs, m, fams in family_groups(model, self.cluster, o, self.layouts_of):
+            lkey = (tp * cp * dp, pp)
+            dkey = (tp, cp, ep, etp, mbs)
+            of = kinds_of.get(dkey)
+            if of is None:
+                of = kinds_of[dkey] = {}
+                parts[dkey] = len(parts) % 2
+            rows, specs = [], []
+            for k, kind, vh, count in fams:
+                got = of.get(k)
+                if got is None:
+                    cls, cid = time_class(tp, cp, ep, etp, mbs, kind.time_class)
+                    got = of[k] = (cls, cid, *time_class(tp, cp, ep, etp, mbs, kind.floor))
+                cls, cid, floor, floor_id = got
+                # the bytes a GPU can allocate are the same without recompute: keyed by the floor
+                rows.append((cls.base, cid, floor_id, kind.block, max(vh)))
+                specs.append(FamilySpec(cls, floor, pp, dp, kind.block, vh, lkey, count, m))
+            yield parts[dkey], pp, dp, m, self.layouts[lkey].names, rows, specs
+
+    def new_screen(self) -> FamilyScreen:
+        return FamilyScreen(self.model, self.cluster, self.zero_opts, self.o.uneven_chunks, self.with_margin)
+
+    def split(self) -> bool:
+        """Whether the family screen is split with a helper process (o.jobs >= 2, and a space of
+        at least SPLIT_SCREEN_FAMILIES degrees x layer executions: queueing those takes ~1 s)."""
+        model, o = self.model, self.o
+        if o.jobs < 2:
+            return False
+        kinds = len(layer_executions(model, o, 2 if model.is_moe else 1))
+        return sum(1 for _ in enumerate_space(model, self.cluster, o)) * kinds >= SPLIT_SCREEN_FAMILIES
+
+
+def screen_half(model: ModelSpec, cluster: ClusterSpec, o: SearchOptions, part: int):
+    """The family screen (Screened) of the groups of one part (Families.groups): what the
+    helper process computes for a search that splits its screen."""
+    families = Families(model, cluster, o, Bounds(model, cluster), not o.allow_tight)
+    screen = families.new_screen()
+    for p, pp, dp, m, names, rows, _ in families.groups():
+        if p == part:
+            screen.add_group(pp, dp, m, names, rows)
+    return screen.run()
