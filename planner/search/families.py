@@ -103,6 +103,7 @@ class Families:
             yield parts[dkey], pp, dp, m, self.layouts[lkey].names, rows, specs
 
     def new_screen(self) -> FamilyScreen:
+        """An empty family memory screen for these families (the search's ZeRO stages, margin)."""
         return FamilyScreen(self.model, self.cluster, self.zero_opts, self.o.uneven_chunks, self.with_margin)
 
     def split(self) -> bool:
