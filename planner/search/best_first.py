@@ -37,7 +37,7 @@ from .objective import check_objective, dominates, figures, usd_per_million_toke
 from .pricing import add_effects, ilp_cross_check, priced_apart
 from .results import Plans
 from .screen import fits_exactly, least_block_recompute, memory_screen, stage_memories
-from .space import PROGRESS_INTERVAL_S, SearchOptions, SearchProgress, SearchResult, warn, zero_options
+from .space import PROGRESS_INTERVAL_S, SearchOptions, SearchProgress, SearchResult, warn
 from .split import initial_split, with_split
 
 # A screened candidate goes back in the queue only when its bound rose by more than rounding.
@@ -122,12 +122,10 @@ class _BestFirst:
                                      f"{o.seq_length}. Past its trained length a RoPE model needs rope scaling "
                                      "(--use-rope-scaling --rope-scaling-factor) or a long-context stage")
         self.bounds = Bounds(model, cluster)
-        self.zero_opts = zero_options(o)
         self.heap: list = []   # (objective bound, tie, kind, payload)
         self.tie = itertools.count()
         self.families = Families(model, cluster, o, self.bounds, self.with_margin)
-        # (GPUs per stage, pp) -> Layouts
-        self.layouts_cache: dict = self.families.layouts
+        self.zero_opts = self.families.zero_opts
         self.plans = Plans(o)
         self.tokens_per_step = o.global_batch_size * o.seq_length
         self.priced_cluster = cluster.is_priced
@@ -297,7 +295,7 @@ class _BestFirst:
         tight_masks = ((tight & ~screened.zero_fit) * bits).sum(axis=1).tolist() if tight is not None else None
         for i in np.flatnonzero(may_fit if tight is None else tight.any(axis=1)).tolist():
             spec = specs[i]
-            lay = self.layouts_cache[spec.lkey]
+            lay = self.families.layouts[spec.lkey]
             lb = self.family_lbs.get(i)
             exact = lb is not None or spec.floor is spec.cls
             if lb is None:
@@ -306,7 +304,7 @@ class _BestFirst:
             if may_fit[i]:
                 entries.append((bound, next(self.tie), FAMILY,
                                 QueuedFamily(spec, lb, peaks[i], i, exact, zero_sets[masks[i]],
-                                              zero_sets[tight_masks[i]] if tight_masks else ())))
+                                              zero_sets[tight_masks[i]] if tight_masks is not None else ())))
             else:
                 self._spill(bound, FAMILY, QueuedFamily(spec, lb, peaks[i], i, exact, zero_sets[tight_masks[i]], ()))
         # one heapify for 10^5 families (the (bound, tie) keys are distinct: the pops come in the
@@ -346,7 +344,7 @@ class _BestFirst:
         margin, which is no less than _tight_kth, and set aside all it ruled out by the margin
         alone, so the TIGHT plans found are the best of the space. Its counts stay out of the
         result: they describe the space searched for plans that fit with margin."""
-        res, heap = self.res, self.heap
+        res, heap, margin = self.res, self.heap, self.with_margin
         # its own counts, from the first's (the progress lines go on from there)
         self.res = SearchResult(plans=[], solver=res.solver, objective=res.objective, candidates=res.candidates,
                                 priced=res.priced)
@@ -355,7 +353,7 @@ class _BestFirst:
             self._take_best_first()
         finally:
             tight_res = self.res
-            self.res, self.heap, self.tight_phase, self.with_margin = res, heap, False, True
+            self.res, self.heap, self.tight_phase, self.with_margin = res, heap, False, margin
         if tight_res.status == "time-limit":
             warn(res.warnings, "the search for TIGHT plans after them stopped at the time limit")
 
@@ -403,7 +401,7 @@ class _BestFirst:
         return self._reach_candidate(lb, payload)
 
     def _expand_family(self, lb: float, entry: QueuedFamily) -> None:
-        lay = self.layouts_cache[entry.spec.lkey]
+        lay = self.families.layouts[entry.spec.lkey]
         if not entry.exact:
             # queued under its floor class's bound: its own may be higher
             own = self._family_lb(entry.index, entry.spec, lay)
@@ -595,7 +593,7 @@ class _BestFirst:
             peaks = self._peaks(self.unfit)
             near = self.unfit[np.argsort(peaks, kind="stable")[:_CLOSEST_FAMILIES]]
             closest = _closest_of(model, cluster,
-                                  [family_of(self.specs[i], self.layouts_cache[self.specs[i].lkey]) for i in near],
+                                  [family_of(self.specs[i], self.families.layouts[self.specs[i].lkey]) for i in near],
                                   self.zero_opts)
         self.closest = closest
         if closest is not None:

@@ -37,7 +37,6 @@ class Bounds:
         self._fam: dict = {}
         self._hop_min: dict = {}
         self._dense: dict = {}
-        self._moe_prefix: list | None = None
 
     def layer_costs(self, s: Strategy, tk: Strategy, group_name: str) -> tuple[float, float]:
         """(dense, MoE) seconds per layer and micro-batch on this group: compute + TP (+ EP);
@@ -376,23 +375,13 @@ class Bounds:
         p, v, m = s.pp, s.vpp, s.num_microbatches
         costs = {g: self.layer_costs(s, tk, g) for g in set(groups)}
         extras = self._stage_extras(s, tk, groups, extra_s)
-        moe_before = self._moe_before()
         t = []
         for i, (a, b) in enumerate(s.stage_layer_ranges(self.model)):
             dense, moe = costs[groups[i]]
-            n_moe = moe_before[b] - moe_before[a]
+            n_moe = self.model.num_moe_layers_in(a, b)
             t.append(extras[i] + n_moe * moe + (b - a - n_moe) * dense)
         pipe = m * max(t) if p == 1 else (m - 1.0 / v) * max(t) + sum(t) / v
         return pipe + self.after_step(s, sorted(set(groups)))
-
-    def _moe_before(self) -> list[int]:
-        """MoE layers among the model's first j layers, for j = 0 .. L (cached)."""
-        if self._moe_prefix is None:
-            out = [0]
-            for j in range(self.model.num_layers):
-                out.append(out[-1] + int(self.model.is_moe_layer(j)))
-            self._moe_prefix = out
-        return self._moe_prefix
 
     def recompute_extra(self, s: Strategy, groups: tuple[str, ...]) -> list[float]:
         """Per stage, the least seconds a micro-batch spends re-running the forward of its
