@@ -80,7 +80,7 @@ def test_execution_choices_emit_a_launch_megatron_accepts_and_read_back_to_the_s
 
 def test_the_ep_overlap_is_offered_only_where_megatron_accepts_it():
     """EP > 1, no full or block recompute, at most one MTP layer; never with the shared-expert
-    overlap; with pp > 1 only at vpp > 1 (search/space.py family_specs)."""
+    overlap; with pp > 1 only at vpp > 1 (search/space.py family_groups)."""
     from planner.search.space import layer_executions
     o = SearchOptions(global_batch_size=1024, seq_length=4096)
     assert not any(k.ep_overlap for k in layer_executions(QWEN3, o, 1))

@@ -486,14 +486,6 @@ def family_groups(model: ModelSpec, cluster: ClusterSpec, o: SearchOptions, layo
                 yield tp, cp, pp, dp, ep, etp, mbs, m, fams
 
 
-def family_specs(model: ModelSpec, cluster: ClusterSpec, o: SearchOptions, layouts_of):
-    """Every family of the space: (tp, cp, pp, dp, ep, etp, mbs, micro-batches, LayerExecution,
-    vpps, candidates); family_groups one by one."""
-    for *degrees, fams in family_groups(model, cluster, o, layouts_of):
-        for _, *fam in fams:
-            yield (*degrees, *fam)
-
-
 def space_worlds(model: ModelSpec, cluster: ClusterSpec, o: SearchOptions) -> dict[int, int]:
     """World size -> candidates of that size in the space (empty: no plan can be built)."""
     cache: dict = {}
@@ -504,6 +496,7 @@ def space_worlds(model: ModelSpec, cluster: ClusterSpec, o: SearchOptions) -> di
         return cache[per, pp]
 
     out: dict = {}
-    for tp, cp, pp, dp, *_, count in family_specs(model, cluster, o, layouts_of):
-        out[tp * cp * pp * dp] = out.get(tp * cp * pp * dp, 0) + count
+    for tp, cp, pp, dp, *_, fams in family_groups(model, cluster, o, layouts_of):
+        world = tp * cp * pp * dp
+        out[world] = out.get(world, 0) + sum(count for *_, count in fams)
     return out
