@@ -19,7 +19,7 @@ from planner.search.bounds import Bounds, mixed_count_minmax, mixed_floor
 from planner.search.planner import (MICRO_BATCHES, VPP_CHOICES, GpuBudget, SearchOptions, enumerate_space, search,
                                     stage_layouts)
 from planner.search.results import Plans
-from planner.search.screen import memory_screen
+from planner.search.screen import memory_screen, stage_rooms
 from planner.search.space import execution_of, layer_executions
 from planner.search.split import initial_split, with_split
 from planner.search.sweep import run_one
@@ -129,7 +129,7 @@ def assert_bounds(bounds, cluster, s, plain, e, extra_s=None, budget=GpuBudget()
     caps = bounds.stage_caps(s.gpus_per_stage, s.pp, layouts)
     assert bounds.family(plain, tk, s.pp, s.num_microbatches, s.gpus_per_stage, caps, s.vpp) <= step, s
     if extra_s is None:
-        [(child, _, _, _)] = bounds.children(plain, tk, (groups,), (s.vpp,), (s.zero_stage,))
+        _, [[child]] = bounds.children(plain, tk, (groups,), (s.vpp,), (s.zero_stage,))
         assert child <= cand * (1 + 1e-9)   # the closed form without whole layers
 
 
@@ -192,6 +192,16 @@ def assert_peak_bounds(model, cluster, s, e, uneven, budget=GpuBudget()):
         # the bound the screened candidate is queued again with: the most layers each stage holds
         groups = s.stage_node_groups or (cluster.node_groups[0].name,) * s.pp
         assert bounds.candidate(s, time_key(s), groups, n_max) <= e.step_time_s * (1 + 1e-9), s
+        # the same caps over a whole cell at once, as the search bounds a cell's candidates
+        # (Bounds.children with stage_rooms), with the margin too where the plan fits with it
+        names = tuple(sorted(set(groups)))
+        rows = {g: i for i, g in enumerate(names)}
+        margins = (False, True) if all(m.verdict == "fits" for m in e.memory) else (False,)
+        _, (_, *capped) = bounds.children(s, time_key(s), (groups,), (s.vpp,), (s.zero_stage,),
+                                          [lambda v, z, mg=mg: (rows, stage_rooms(model, cluster, s, names, reach,
+                                                                                  with_margin=mg))
+                                           for mg in margins])
+        assert all(b[0] <= e.step_time_s * (1 + 1e-9) for b in capped), (s, capped)
     if e.fits:
         assert _assert_family_screen_passes(model, cluster, s, uneven, budget) <= peak * (1 + 1e-12), s
 

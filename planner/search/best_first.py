@@ -36,7 +36,7 @@ from .helper import Helper
 from .objective import check_objective, dominates, figures, usd_per_million_tokens
 from .pricing import add_effects, ilp_cross_check, priced_apart
 from .results import Plans
-from .screen import fits_exactly, least_block_recompute, memory_screen, stage_memories
+from .screen import fits_exactly, least_block_recompute, memory_screen, stage_memories, stage_rooms
 from .space import PROGRESS_INTERVAL_S, SearchOptions, SearchProgress, SearchResult, warn
 from .split import initial_split, with_split
 
@@ -140,8 +140,9 @@ class _BestFirst:
         # what the entries taken best first share
         self.seen: set = set()
         self.rank_fits: dict = {}    # fits_exactly's verdicts per rank, shared by block candidates
-        self.screen_terms: dict = {}  # memory_screen's terms per family, ZeRO stage and margin
-        self.screened_out: list = []  # candidates the memory screen ruled out before any plan was found
+        self.screen_terms: dict = {}  # memory_screen's / stage_rooms' terms per family and ZeRO stage
+        self.rooms: dict = {}         # stage_rooms per family, vpp, ZeRO stage and margin (_rooms_of)
+        self.screened_out: list = []  # candidates (Child) the memory screens ruled out before any plan was found
         self.splits: dict = {}       # initial_split per time class, depth, vpp, stage order and evenness
         self.closest = None
         self.done = 0
@@ -430,15 +431,54 @@ class _BestFirst:
         self._queue(items)
 
     def _expand_cell(self, cell: Cell) -> None:
-        fam = cell.family
-        if self._dominated(cell.step_lb, fam.base.world_size, cell.usd_hour, fam.peak_lb):
+        """A cell's candidates, each bounded with the layers each of its stages can hold in
+        memory (memory_screen's caps, all at once: Bounds.children); those that cannot fit are
+        pruned by memory here. Those the margin rules out, or whose bound it raises, are set
+        aside under their bound without it (_spill). A block-recompute family's caps depend
+        on its k: its candidates are bounded without them (_reach_block screens them)."""
+        fam, usd_h = cell.family, cell.usd_hour
+        if self._dominated(cell.step_lb, fam.base.world_size, usd_h, fam.peak_lb):
             self.res.pruned_dominated += cell.count
             return
-        kind = BLOCK if fam.block else CAND
-        self._queue([Pending(self._objective_lb(b, cell.usd_hour), kind,
-                              Child(fam, vpp, z, groups, b, cell.usd_hour), 1)
-                     for b, vpp, z, groups in self.bounds.children(fam.base, fam.tk, cell.orders, fam.vpps,
-                                                                   fam.zeros)])
+        if fam.block:
+            rows, (bounds,) = self.bounds.children(fam.base, fam.tk, cell.orders, fam.vpps, fam.zeros)
+            self._queue([Pending(self._objective_lb(b, usd_h), BLOCK, Child(fam, vpp, z, groups, b, usd_h), 1)
+                         for b, (vpp, z, groups) in zip(bounds.tolist(), rows)])
+            return
+        spill = self.tight_heap is not None and not self.tight_phase
+        margins = (True, False) if spill else (self.with_margin,)
+        rows, (_, capped, *without) = self.bounds.children(fam.base, fam.tk, cell.orders, fam.vpps, fam.zeros,
+                                                           [self._rooms_of(fam, m) for m in margins])
+        loose = without[0].tolist() if spill else None
+        items = []
+        for k, (b, (vpp, z, groups)) in enumerate(zip(capped.tolist(), rows)):
+            child = Child(fam, vpp, z, groups, b, usd_h)
+            if b == float("inf"):
+                self.res.pruned_memory += 1
+                if not self.plans.items:
+                    self.screened_out.append(child)
+            else:
+                items.append(Pending(self._objective_lb(b, usd_h), CAND, child, 1))
+            if spill and loose[k] < b * (1 - _REQUEUE_SLACK):
+                # it may fit, or fit faster, within the margin
+                self._spill(self._objective_lb(loose[k], usd_h), CAND, child._replace(step_lb=loose[k]))
+        self._queue(items)
+
+    def _rooms_of(self, fam: Family, margin: bool):
+        """(vpp, ZeRO stage) -> (row of each node group, stage_rooms) of family fam's candidates,
+        for Bounds.children (cached per family, vpp, ZeRO stage and margin)."""
+        def room_of(vpp: int, z: int):
+            key = (fam.base, vpp, z, margin)
+            got = self.rooms.get(key)
+            if got is None:
+                c, _ = child_strategy(fam, vpp, z, None, self.cluster)
+                names = fam.names or tuple(sorted({g for orders in fam.layouts.values() for o in orders for g in o}))
+                got = self.rooms[key] = ({g: i for i, g in enumerate(names)},
+                                         stage_rooms(self.model, self.cluster, c, names,
+                                                     self.bounds.dense_ranks(c.pp, vpp),
+                                                     self.screen_terms.setdefault((fam.base, z), {}), margin))
+            return got
+        return room_of
 
     def _initial_split(self, fam: Family, c: Strategy, groups: tuple, uneven: bool):
         """split.initial_split of a candidate c of family fam, cached: it reads c's depth, vpp
@@ -490,13 +530,12 @@ class _BestFirst:
             return None
         may_fit, n_max, peak_lb = memory_screen(model, cluster, c, uneven=o.uneven_chunks,
                                                  dense_reach=self.bounds.dense_ranks(c.pp, c.vpp),
-                                                 terms=self.screen_terms.setdefault(
-                                                     (fam.base, c.zero_stage, self.with_margin), {}),
+                                                 terms=self.screen_terms.setdefault((fam.base, c.zero_stage), {}),
                                                  with_margin=self.with_margin)
         if not may_fit:
             res.pruned_memory += 1
             if not self.plans.items:
-                self.screened_out.append(c)
+                self.screened_out.append(child)
             self._spill(lb, CAND, child)
             return None
         b2 = self.bounds.candidate(c, fam.tk, groups, n_max)
@@ -584,7 +623,9 @@ class _BestFirst:
         model, cluster, closest = self.model, self.cluster, self.closest
         # the exact shortfall of each candidate the screen ruled out (computed only now, as most
         # searches find a plan)
-        for c in self.screened_out:
+        for child in self.screened_out:
+            c, groups = child_strategy(child.family, child.vpp, child.zero, child.groups, cluster)
+            c = with_split(c, self._initial_split(child.family, c, groups, self.o.uneven_chunks)[1])
             short = max(m.total - m.capacity for m in stage_memories(model, cluster, c))
             if closest is None or short < closest[0]:
                 closest = (short, c)

@@ -21,6 +21,7 @@ from ..placement import data_collectives, placement_of
 from ..specs.cluster import ClusterSpec
 from ..specs.model import ModelSpec
 from ..strategy import Strategy
+from .screen import fit_rows
 
 
 class Bounds:
@@ -233,13 +234,18 @@ class Bounds:
             got = self._dense[key] = frozenset(ranks)
         return got
 
-    def children(self, s: Strategy, tk: Strategy, orders, vpps, zeros):
-        """The bounds of every candidate of a cell, (bound, vpp, ZeRO stage, order) each: the
-        closed form of `candidate` (no memory caps) over numpy arrays of the stages, one row
-        per vpp. Stage i pays e_i = its end (embedding / output layer) + 2 v H_i, H_i its
-        slower hop; the relaxed min-max is then T = max(max_i(v f_i + e_i), (U + sum e_i / r_i)
-        / sum 1 / r_i) (every stage below its floor is impossible, above it the layers fill
-        the stages in proportion to speed), W = least + sum e_i."""
+    def children(self, s: Strategy, tk: Strategy, orders, vpps, zeros, rooms=()):
+        """The bounds of every candidate of a cell: (rows, bounds), rows (vpp, ZeRO stage,
+        order) each, bounds[0] their bounds without memory caps: the closed form of
+        `candidate` over numpy arrays of the stages, one row per vpp. Stage i pays e_i = its end
+        (embedding / output layer) + 2 v H_i, H_i its slower hop; the relaxed min-max is then
+        T = max(max_i(v f_i + e_i), (U + sum e_i / r_i) / sum 1 / r_i) (every stage below its
+        floor is impossible, above it the layers fill the stages in proportion to speed),
+        W = least + sum e_i. `rooms`: for each, bounds[k + 1] with the most layers each stage
+        can hold (rooms[k](vpp, zero) -> (row of each group, StageRooms), as memory_screen
+        finds them): inf where the candidate cannot fit, else T also at least the least time
+        at which whole layers fit under those caps (count_floor_rows: `candidate`'s
+        _integer_minmax and, for dense + MoE models, mixed_count_minmax)."""
         p, m = s.pp, s.num_microbatches
         names = tuple(sorted(set(orders[0])))
         w, least = self.work(s, tk, names)
@@ -287,13 +293,32 @@ class Bounds:
                            .reshape(n_orders, n_v))
         W = least + e.sum(axis=2)
         vv = v[:, 0]
-        pipe = (m * T if p == 1 else (m - 1.0 / vv) * T + W / vv).tolist()
-        out = []
-        for o, groups in enumerate(orders):
+        n_z = len(zeros)
+        rows = [(vpp, z, groups) for groups in orders for vpp in vpps for z in zeros]
+        # (orders, vpps, zeros), flattened in rows' order
+        tail = np.array([after[z] for z in zeros])[None, None, :]
+        Ts = [np.repeat(T[:, :, None], n_z, axis=2)]
+        for room_of in rooms:
+            caps = np.empty((n_orders, n_v, n_z, p), dtype=np.int64)
+            fits = np.empty((n_orders, n_v, n_z), dtype=bool)
             for k, vpp in enumerate(vpps):
-                for z in zeros:
-                    out.append((pipe[o][k] + after[z], vpp, z, groups))
-        return out
+                for j, z in enumerate(zeros):
+                    row_of, got = room_of(vpp, z)
+                    caps[:, k, j], fits[:, k, j] = fit_rows(self.model, got, np.array([row_of[g] for g in names])[gi],
+                                                            vpp)
+            caps = caps.reshape(-1, p)
+            ez = np.repeat(e[:, :, None, :], n_z, axis=2).reshape(-1, p)
+            Tc = np.maximum(Ts[0].reshape(-1), count_floor_rows(np.repeat(F, n_v * n_z, axis=0), ez, caps,
+                                                                  self.model.num_layers))
+            if mixed is not None:
+                Tc = np.maximum(Tc, count_floor_rows(np.repeat(moe[gi], n_v * n_z, axis=0), ez, caps,
+                                                     self.model.num_layers - mixed))
+            Ts.append(np.where(fits.reshape(-1), Tc, np.inf).reshape(n_orders, n_v, n_z))
+        vz = vv[None, :, None]
+        with np.errstate(invalid="ignore"):   # 0 x inf: one micro-batch at vpp 1, a candidate that cannot fit
+            bounds = [np.where(np.isinf(t), np.inf, (m * t if p == 1 else (m - 1.0 / vz) * t + W[:, :, None] / vz)
+                               + tail).reshape(-1) for t in Ts]
+        return rows, bounds
 
     def _same_node(self, groups, i: int, per: int) -> bool:
         """Whether stages i and i + 1 share a scale-up domain (estimate's stages_share_node)."""
@@ -545,6 +570,27 @@ def _step_low(held, n_layers: int, items, lo: float) -> float:
     while T > lo and held(T) >= n_layers:
         T = float(np.nextafter(T, -np.inf))
     return max(T, lo)
+
+
+def count_floor_rows(a, e, caps, need: int):
+    """Per row of stages (rows x stages: a_i seconds a layer, e_i fixed seconds, at most caps_i
+    layers in memory), the least T at which they hold `need` whole layers: stage i holds
+    min(caps_i, floor((T - e_i) / a_i)), so T is the need-th smallest of e_i + j a_i over
+    j = 1..caps_i (each time rounded down as _integer_minmax's counts round up); inf where the
+    caps hold fewer. _integer_minmax (a the lighter kind's seconds, need all layers) and
+    mixed_count_minmax (a the MoE layer's, need the MoE layers) over many stage orders at once,
+    without their floors: take the max with those."""
+    a, e, caps = np.asarray(a, dtype=float), np.asarray(e, dtype=float), np.asarray(caps)
+    if need <= 0:
+        return np.full(len(a), -np.inf)
+    j = np.arange(1, int(min(caps.max(initial=0), need)) + 1)
+    if not j.size:
+        return np.full(len(a), np.inf)
+    times = e[..., None] + j * (a[..., None] / (1 + _COUNT_TOL))
+    times = np.where(j <= caps[..., None], times, np.inf).reshape(len(a), -1)
+    if times.shape[1] < need:
+        return np.full(len(a), np.inf)
+    return np.partition(times, need - 1, axis=1)[:, need - 1]
 
 
 def mixed_count_minmax(stages: dict[tuple, int], n_layers: int, n_dense: int, lo: float) -> float:

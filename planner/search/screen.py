@@ -7,6 +7,8 @@ that leaves the memory model's margin (a plan above it is TIGHT)."""
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 
 from ..cost.memory import (in_flight_microbatches, layer_kept_activation_bytes, layer_state_bytes,
@@ -16,6 +18,7 @@ from ..placement import placement_of
 from ..specs.cluster import ClusterSpec
 from ..specs.model import ModelSpec
 from ..strategy import Strategy, check_structure
+
 
 def peak_bytes_lower_bound(fixed, per, mult, n_layers: int, least: int, slack: int) -> float:
     """Bytes that some stage of any layer split holds at least. Stage i (`mult[i]` stages alike)
@@ -108,69 +111,101 @@ def memory_screen(model: ModelSpec, cluster: ClusterSpec, s: Strategy, uneven: b
     """(may fit, most layers each stage can hold, a lower bound on the peak bytes per GPU of
     any split). Stage i holds at most n_i = (capacity - fixed) / per-layer layers (a
     multiple of vpp), with the lower bounds of cost/memory.py, so a split can only fit if every
-    n_i >= vpp and the n_i reach the model's layers. Per-layer bytes are the lighter layer
-    kind's, but on ranks no dense layer can reach (`dense_reach`, Bounds.dense_ranks: the
-    ranks that can) a MoE layer's. `uneven`: splits whose ranks need not hold a multiple of vpp layers
-    are searched (the peak bound allows for them). `terms`: a cache of the per-GPU and per-end
-    terms, shared by candidates that differ only in vpp, split and stage placement (none of
-    these terms depends on them)."""
+    n_i >= vpp and the n_i reach the model's layers (stage_rooms, fit_rows). `uneven`: splits
+    whose ranks need not hold a multiple of vpp layers are searched (the peak bound allows for
+    them). `dense_reach`, `terms`: as stage_rooms takes them."""
     if s.recompute_num_layers is not None:
         # block recompute is priced on its own split: its memory is known exactly
         mems = stage_memories(model, cluster, s)
         fits = all((m.verdict == "fits") if with_margin else m.fits for m in mems)
         return fits, list(s.stage_layers(model)), max(m.total for m in mems)
+    p = s.pp
+    # each rank's GPU, as stage_gpu gives it
+    order = list(dict.fromkeys(s.stage_node_groups)) if s.stage_node_groups else [cluster.node_groups[0].name]
+    gi = np.array([[order.index(g) for g in s.stage_node_groups] if s.stage_node_groups else [0] * p])
+    rooms = stage_rooms(model, cluster, s, order, dense_reach, terms, with_margin)
+    n_max, fits = fit_rows(model, rooms, gi, s.vpp)
+    ranks = np.arange(p)
+    peak = peak_bytes_lower_bound(rooms.fixed.tolist(), rooms.per[gi[0], ranks].tolist(), [1] * p, model.num_layers,
+                                  s.vpp, s.vpp - 1 if uneven else 0)
+    return bool(fits[0]), n_max[0].tolist(), peak
+
+
+class StageRooms(NamedTuple):
+    """stage_rooms: per node group (rows, in the order asked) and pipeline rank (columns)."""
+    room: np.ndarray             # the most layers a rank there can hold (int64)
+    moe_room: np.ndarray | None  # the most MoE layers (a model with both kinds; else None)
+    per: np.ndarray              # bytes of one more layer, the lighter kind
+    fixed: np.ndarray            # bytes a rank holds beside its layers (per rank, any group)
+
+
+def stage_rooms(model: ModelSpec, cluster: ClusterSpec, s: Strategy, names, dense_reach: frozenset | None = None,
+                terms: dict | None = None, with_margin: bool = False) -> StageRooms:
+    """The layers each pipeline rank of s (its degrees, vpp and ZeRO stage; any stage order)
+    can hold on each node group of `names`, from the lower bounds of cost/memory.py: (capacity
+    - fixed) / per-layer bytes, a multiple of vpp. Per-layer bytes are the lighter layer kind's,
+    but on ranks no dense layer can reach (`dense_reach`, Bounds.dense_ranks: the ranks that
+    can) a MoE layer's; a rank whose layers are not a multiple of vpp keeps at least the
+    activations of the even vpp floor(n / vpp) layers below it (its chunks only grow), so it
+    may hold vpp - 1 more. `terms`: a cache of the per-GPU and per-end terms, shared by
+    candidates that differ only in vpp, split, stage placement and margin (none of these terms
+    depends on them; the micro-batches in flight, which depend on vpp, are kept per vpp, the
+    bytes a GPU can use per margin)."""
     p, v, kinds = s.pp, s.vpp, model.layer_kinds
     # the terms of layer_memory_bytes, stage_fixed_bytes_parts and usable_bytes that do not
     # depend on the rank, once per layer kind, end shape and GPU; then every rank at once
-    if s.stage_node_groups:   # each rank's GPU, as stage_gpu gives it
-        order = list(dict.fromkeys(s.stage_node_groups))
-    else:
-        order = [cluster.node_groups[0].name]
-    gi = np.array([order.index(g) for g in s.stage_node_groups]) if s.stage_node_groups else np.zeros(p, int)
     terms = {} if terms is None else terms
     if "parts" not in terms:
         placement = terms["placement"] = placement_of(s)
         shapes = [(True, p == 1)] + ([(False, False)] if p > 2 else []) + ([(False, True)] if p > 1 else [])
         terms["parts"] = np.array([stage_fixed_bytes_parts(model, s, placement, *e) for e in shapes])
         terms["kept"] = np.array([layer_kept_activation_bytes(model, s, k) for k in kinds])
-    for g in order:
+    for g in names:
         if g not in terms:
-            gpu = cluster.group(g).gpu
-            terms[g] = (usable_bytes(model, s, gpu, with_margin),
-                        [layer_state_bytes(model, s, terms["placement"], k, gpu) for k in kinds])
-    alloc = np.array([terms[g][0] for g in order])[gi]
-    states = np.array([terms[g][1] for g in order])[gi]
+            terms[g] = [layer_state_bytes(model, s, terms["placement"], k, cluster.group(g).gpu) for k in kinds]
+        if (g, with_margin) not in terms:
+            terms[g, with_margin] = usable_bytes(model, s, cluster.group(g).gpu, with_margin)
+    flight = terms.get(("flight", v))
+    if flight is None:
+        flight = terms["flight", v] = np.array([in_flight_microbatches(s, i) for i in range(p)])
+    alloc = np.array([terms[g, with_margin] for g in names])
+    states = np.array([terms[g] for g in names])
     kept, parts = terms["kept"], terms["parts"]
     shape = np.full(p, len(parts) - 2 if p > 2 else 0)
     shape[0], shape[-1] = 0, len(parts) - 1
-    flight = np.array([in_flight_microbatches(s, i) for i in range(p)])
-    per_kind = states + kept[None, :] * flight[:, None]                # (ranks, kinds)
-    per = per_kind.min(axis=1)
+    per_kind = states[:, None, :] + kept[None, None, :] * flight[None, :, None]    # (groups, ranks, kinds)
+    per = per_kind.min(axis=2)
     fixed = parts[shape, 0] + parts[shape, 1] * flight
-    free = alloc - fixed
-    mixed = len(kinds) > 1
-    if mixed:
-        moe_per = per_kind[:, kinds.index(True)]
+    free = alloc[:, None] - fixed[None, :]
+    moe_room = None
+    if len(kinds) > 1:
+        moe_per = per_kind[:, :, kinds.index(True)]
         moe_room = np.maximum(free // moe_per, 0)
-        # MoE layers all ranks together can hold (whatever dense layers they hold)
-        moe_rooms = int(moe_room.sum()) + p * (v - 1)
         # a rank holds at most the model's n_dense dense layers: where they are the lighter
         # kind, its most layers are d = min(n_dense, free // dense) of them and MoE layers in
         # the rest (DeepSeek-V3: 3 dense layers of 61 cannot fill an H100 stage), and only
         # MoE layers on ranks no dense layer can reach
-        with_dense = most_layers(free, per_kind[:, kinds.index(False)], moe_per, model.num_dense_layers)
+        with_dense = most_layers(free, per_kind[:, :, kinds.index(False)], moe_per, model.num_dense_layers)
         if dense_reach is not None:
             with_dense = np.where([i in dense_reach for i in range(p)], with_dense, moe_room)
         room = with_dense.astype(np.int64) // v * v
     else:
         room = np.maximum(free // per, 0).astype(np.int64) // v * v
-    # a rank of n layers, n not a multiple of vpp, keeps at least the activations of the even
-    # vpp floor(n / vpp) layers below it (its chunks only grow)
     room = np.where(room >= v, room + v - 1, room)
-    n_max = room.tolist()
-    may_fit = bool((room >= v).all()) and sum(n_max) >= model.num_layers and \
-        (not mixed or moe_rooms >= model.num_moe_layers)
-    peak = peak_bytes_lower_bound(fixed.tolist(), per.tolist(), [1] * s.pp, model.num_layers, s.vpp,
-                                  s.vpp - 1 if uneven else 0)
-    return may_fit, n_max, peak
+    return StageRooms(room, moe_room, per, fixed)
+
+
+def fit_rows(model: ModelSpec, rooms: StageRooms, gi: np.ndarray, v):
+    """(most layers each stage can hold, whether they may fit) of stage orders at once: gi
+    (orders x ranks) the row of `rooms` each rank's group has, v the vpp (an int or one per
+    order). They may fit only if every rank holds >= vpp layers, all ranks hold the model's
+    layers, and (both kinds) its MoE layers."""
+    p = gi.shape[1]
+    ranks = np.arange(p)
+    v = np.asarray(v)
+    n_max = rooms.room[gi, ranks]
+    fits = (n_max >= (v[:, None] if v.ndim else v)).all(axis=1) & (n_max.sum(axis=1) >= model.num_layers)
+    if rooms.moe_room is not None:
+        fits &= rooms.moe_room[gi, ranks].sum(axis=1) + p * (v - 1) >= model.num_moe_layers
+    return n_max, fits
 
