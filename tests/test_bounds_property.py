@@ -66,12 +66,14 @@ PLANNER_FUZZ=N multiplies max_examples (docs/fuzz.md), as in test_hostile_proper
 
 from __future__ import annotations
 
+import itertools
 import os
 import random
 import sys
 from dataclasses import fields, replace
 from pathlib import Path
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, assume, given, settings, strategies as st
 
@@ -84,6 +86,7 @@ from planner.errors import InvalidStrategy   # noqa: E402
 from planner.estimate import estimate, time_key   # noqa: E402
 from planner.library import load_cluster_ref, load_model_ref   # noqa: E402
 from planner.search.bounds import Bounds   # noqa: E402
+from planner.search.minmax import mixed_floor_counts, count_floor_groups, count_floor_rows, mixed_floor   # noqa: E402
 from planner.search.family_screen import FamilyScreen   # noqa: E402
 from planner.search.planner import (MICRO_BATCHES, VPP_CHOICES, GpuBudget, SearchOptions,   # noqa: E402
                                     enumerate_space, stage_layouts)
@@ -472,3 +475,48 @@ def test_the_net_catches_a_term_lowered_in_estimate_only(monkeypatch):
     monkeypatch.setattr(P, "tp_layer_exposed_s", lambda *a, **k: 0.5 * orig(*a, **k))
     with pytest.raises(AssertionError):
         _check(LLAMA, DGX, GpuBudget(), s, estimate(LLAMA, DGX, s), True)
+
+
+@settings(max_examples=n(200), deadline=None)
+@given(st.lists(st.tuples(st.floats(0.1, 10.0), st.floats(0.0, 5.0), st.integers(1, 4)), min_size=1, max_size=3),
+       st.integers(0, 4), st.integers(1, 3))
+def test_mixed_floor_of_stage_kinds_is_mixed_floor_of_their_stages(kinds, n_dense, v):
+    """A cell's mixed floor from its stages per node group (mixed_floor_counts) is the same
+    float as mixed_floor over every stage."""
+    B = [b for b, _, c in kinds for _ in range(c)]
+    saves = [x for _, x, c in kinds for _ in range(c)]
+    got = mixed_floor_counts([b for b, _, _ in kinds], [x for _, x, _ in kinds], [c for *_, c in kinds],
+                              n_dense, v)
+    assert got == mixed_floor(B, saves, n_dense, v)
+
+
+@settings(max_examples=n(200), deadline=None)
+@given(st.integers(1, 3).flatmap(lambda g: st.tuples(
+    st.lists(st.floats(0.5, 4.0), min_size=g, max_size=g),                    # seconds a layer per group
+    st.lists(st.integers(1, 3), min_size=g, max_size=g),                       # stages per group
+    st.lists(st.lists(st.integers(0, 6), min_size=9, max_size=9), min_size=g, max_size=g),  # rooms per rank
+    st.floats(0.0, 3.0), st.integers(1, 20))))
+def test_count_floor_over_groups_is_at_most_every_orders(case):
+    """count_floor_groups (a cell: its stages per group on their roomiest ranks) is at most
+    count_floor_rows of every stage order of the cell (each stage its own rank's room)."""
+    a, counts, room, e, need = case
+    p = sum(counts)
+    room = np.array(room)[:, :p]
+    t = np.arange(1, max(1, min(int(room.max()), need)) + 1)
+    held = (room[:, :, None] >= t).sum(axis=1)
+    cell = count_floor_groups(a, e, counts, held, need)
+    stages = [g for g, c in enumerate(counts) for _ in range(c)]
+    for order in set(itertools.permutations(stages)):
+        gi = np.array([order])
+        rows = count_floor_rows(np.array(a)[gi], np.full((1, p), e), room[gi, np.arange(p)], need)
+        assert cell <= rows[0] * (1 + 1e-12), (order, cell, rows)
+
+
+def test_count_floor_over_groups_by_hand():
+    """Two stages of 1 s a layer, each rank able to hold 3 layers: 5 layers need 3 s (one
+    stage holds 3); a second group of ranks holding one layer each at 0.5 s takes 2 of them
+    first (1 s: two layers there and two on the first group), so 6 layers need 2 s."""
+    tol = 1 + 1e-9
+    assert count_floor_groups([1.0], 0.0, [2], [[2, 2, 2]], 5) == pytest.approx(3.0 / tol, rel=1e-15)
+    assert count_floor_groups([1.0, 0.5], 0.0, [2, 2], [[2, 2, 2], [2, 0, 0]], 6) == pytest.approx(2.0 / tol, rel=1e-15)
+    assert count_floor_groups([1.0], 0.0, [2], [[2, 2, 2]], 7) == float("inf")   # 6 layers at most

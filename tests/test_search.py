@@ -15,11 +15,12 @@ from planner.library import load_bundled_profile, load_model_ref
 from planner.placement import placement_of
 from planner.errors import InvalidStrategy
 from planner.search.family_screen import FamilyScreen
-from planner.search.bounds import Bounds, mixed_count_minmax, mixed_floor
+from planner.search.bounds import Bounds
+from planner.search.minmax import mixed_count_minmax, mixed_floor
 from planner.search.planner import (MICRO_BATCHES, VPP_CHOICES, GpuBudget, SearchOptions, enumerate_space, search,
                                     stage_layouts)
 from planner.search.results import Plans
-from planner.search.screen import memory_screen, stage_rooms
+from planner.search.screen import RoomTerms, memory_screen, stage_rooms
 from planner.search.space import execution_of, layer_executions
 from planner.search.split import initial_split, with_split
 from planner.search.sweep import run_one
@@ -202,6 +203,16 @@ def assert_peak_bounds(model, cluster, s, e, uneven, budget=GpuBudget()):
                                                                                   with_margin=mg))
                                            for mg in margins])
         assert all(b[0] <= e.step_time_s * (1 + 1e-9) for b in capped), (s, capped)
+        # and over the cell's stage groups without their order (Bounds.cell_bounds: each group's
+        # stages on its roomiest ranks), at most each order's bound
+        held = []
+        for mg in margins:
+            room = stage_rooms(model, cluster, s, names, reach, with_margin=mg).room
+            t = np.arange(1, max(1, min(int(room.max()), model.num_layers)) + 1)
+            held.append((rows, (room[:, :, None] >= t).sum(axis=1)))
+        _, *cells = bounds.cell_bounds(s, time_key(s), groups, (s.vpp,), (s.zero_stage,),
+                                       [lambda v, z, h=h: h for h in held])
+        assert all(c <= b[0] * (1 + 1e-9) for c, b in zip(cells, capped)), (s, cells, capped)
     if e.fits:
         assert _assert_family_screen_passes(model, cluster, s, uneven, budget) <= peak * (1 + 1e-12), s
 
@@ -812,27 +823,34 @@ def test_a_ranks_memory_is_its_own():
 
 
 @pytest.mark.parametrize("model", [MODEL, MOE_DENSE_FIRST], ids=["dense", "dense-first-moe"])
-def test_candidate_screen_shares_its_terms_within_a_family(model):
-    """The search hands memory_screen one terms cache per family and ZeRO stage: candidates
-    that differ in vpp, stage placement and split screen exactly as with a fresh cache."""
-    base = Strategy(tp=1, pp=4, dp=2, micro_batch_size=1, global_batch_size=16, seq_length=2048,
-                    recompute="none", overlap_grad_reduce=True, zero_stage=1, overlap_param_gather=True)
-    layouts = stage_layouts(MIXED, base.gpus_per_stage, base.pp, GpuBudget())
-    terms, checked = {}, 0
-    for orders in layouts.values():
-        for groups in orders:
-            for vpp in (1, 2):
-                for split in (None, (1, 1, 1, 1) if model.num_layers == 4 else None):
-                    s = base.with_(vpp=vpp, stage_node_groups=groups)
-                    if split is not None and vpp == 1:
-                        s = with_split(s, split)
-                    try:
-                        check_structure(s, model)
-                    except InvalidStrategy:
-                        continue
-                    assert memory_screen(model, MIXED, s, terms=terms) == memory_screen(model, MIXED, s)
-                    checked += 1
-    assert checked >= 4
+def test_candidate_screen_shares_its_terms_across_a_search(model):
+    """The search hands memory_screen one RoomTerms for all its candidates: candidates that
+    differ in depth, data-parallel size, micro-batch, recompute, ZeRO stage, vpp, stage
+    placement and split screen exactly as with a fresh cache, whatever was screened before."""
+    terms, checked = RoomTerms(model, MIXED), 0
+    for pp, dp, mbs, recompute, zero in [(4, 2, 1, "none", 1), (2, 4, 1, "none", 1), (4, 2, 2, "none", 1),
+                                         (4, 2, 1, "full", 1), (4, 2, 1, "none", 3), (4, 1, 1, "none", 0),
+                                         (1, 8, 1, "selective", 1), (2, 4, 2, "full", 3)]:
+        base = Strategy(tp=1, pp=pp, dp=dp, micro_batch_size=mbs, global_batch_size=16, seq_length=2048,
+                        recompute=recompute, overlap_grad_reduce=True, zero_stage=zero,
+                        overlap_param_gather=zero >= 1)
+        layouts = stage_layouts(MIXED, base.gpus_per_stage, base.pp, GpuBudget())
+        for orders in layouts.values():
+            for groups in orders:
+                for vpp in (1, 2):
+                    for split in (None, (1, 1, 1, 1) if model.num_layers == 4 and pp == 4 else None):
+                        s = base.with_(vpp=vpp, stage_node_groups=groups)
+                        if split is not None and vpp == 1:
+                            s = with_split(s, split)
+                        try:
+                            check_structure(s, model)
+                        except InvalidStrategy:
+                            continue
+                        for margin in (False, True):
+                            assert (memory_screen(model, MIXED, s, terms=terms, with_margin=margin)
+                                    == memory_screen(model, MIXED, s, with_margin=margin)), s
+                        checked += 1
+    assert checked >= 20
 
 
 def test_a_sequence_past_the_models_positions_is_a_named_warning():

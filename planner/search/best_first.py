@@ -36,7 +36,7 @@ from .helper import Helper
 from .objective import check_objective, dominates, figures, usd_per_million_tokens
 from .pricing import add_effects, ilp_cross_check, priced_apart
 from .results import Plans
-from .screen import fits_exactly, least_block_recompute, memory_screen, stage_memories, stage_rooms
+from .screen import RoomTerms, fits_exactly, least_block_recompute, memory_screen, stage_memories, stage_rooms
 from .space import PROGRESS_INTERVAL_S, SearchOptions, SearchProgress, SearchResult, warn
 from .split import initial_split, with_split
 
@@ -140,8 +140,9 @@ class _BestFirst:
         # what the entries taken best first share
         self.seen: set = set()
         self.rank_fits: dict = {}    # fits_exactly's verdicts per rank, shared by block candidates
-        self.screen_terms: dict = {}  # memory_screen's / stage_rooms' terms per family and ZeRO stage
+        self.room_terms = RoomTerms(model, cluster)   # memory_screen's / stage_rooms' terms
         self.rooms: dict = {}         # stage_rooms per family, vpp, ZeRO stage and margin (_rooms_of)
+        self.held: dict = {}          # and the ranks holding >= t layers per group (_held_of)
         self.screened_out: list = []  # candidates (Child) the memory screens ruled out before any plan was found
         self.splits: dict = {}       # initial_split per time class, depth, vpp, stage order and evenness
         self.closest = None
@@ -388,7 +389,7 @@ class _BestFirst:
             self._expand_family(lb, payload)
             return None
         if kind == CELL:
-            self._expand_cell(payload)
+            self._expand_cell(lb, payload)
             return None
         if kind == REQUEUED:
             return self._reach_requeued(payload)
@@ -430,7 +431,33 @@ class _BestFirst:
             items.append(Pending(self._objective_lb(cb, lay.usd[counts]), CELL, cell, n))
         self._queue(items)
 
-    def _expand_cell(self, cell: Cell) -> None:
+    def _capped_cell(self, lb: float, cell: Cell) -> Cell | None:
+        """Bound a cell with the layers its stages can hold in memory (Bounds.cell_bounds): when
+        that rises above lb the cell is queued again under it, or pruned by memory when no
+        candidate of it can fit (None); else the cell to expand. Where the margin raised it,
+        the cell is also set aside whole under its bound without the margin (its children then
+        are not, one by one)."""
+        fam, usd_h = cell.family, cell.usd_hour
+        spill = self.tight_heap is not None and not self.tight_phase
+        margins = (True, False) if spill else (self.with_margin,)
+        _, capped, *loose = self.bounds.cell_bounds(fam.base, fam.tk, cell.orders[0], fam.vpps, fam.zeros,
+                                                    [self._held_of(fam, m) for m in margins])
+        spilled = spill and loose[0] < capped * (1 - _REQUEUE_SLACK)
+        if spilled:
+            self._spill(self._objective_lb(loose[0], usd_h), CELL, replace(cell, step_lb=loose[0], capped=True))
+        cell = replace(cell, capped=True, spilled=spilled)
+        if capped == float("inf"):
+            if self.plans.items:   # (before any plan, expanded for the closest miss report)
+                self.res.pruned_memory += cell.count
+                return None
+            capped = cell.step_lb
+        bound = self._objective_lb(capped, usd_h)
+        if bound > lb * (1 + _REQUEUE_SLACK):
+            self._queue([Pending(bound, CELL, replace(cell, step_lb=capped), cell.count)])
+            return None
+        return cell
+
+    def _expand_cell(self, lb: float, cell: Cell) -> None:
         """A cell's candidates, each bounded with the layers each of its stages can hold in
         memory (memory_screen's caps, all at once: Bounds.children); those that cannot fit are
         pruned by memory here. Those the margin rules out, or whose bound it raises, are set
@@ -440,12 +467,17 @@ class _BestFirst:
         if self._dominated(cell.step_lb, fam.base.world_size, usd_h, fam.peak_lb):
             self.res.pruned_dominated += cell.count
             return
+        if not cell.capped and not fam.block and fam.base.pp > 1:
+            cell = self._capped_cell(lb, cell)
+            if cell is None:
+                return
         if fam.block:
             rows, (bounds,) = self.bounds.children(fam.base, fam.tk, cell.orders, fam.vpps, fam.zeros)
             self._queue([Pending(self._objective_lb(b, usd_h), BLOCK, Child(fam, vpp, z, groups, b, usd_h), 1)
                          for b, (vpp, z, groups) in zip(bounds.tolist(), rows)])
             return
-        spill = self.tight_heap is not None and not self.tight_phase
+        # set aside child by child, unless the whole cell was (_expand_family)
+        spill = self.tight_heap is not None and not self.tight_phase and not cell.spilled
         margins = (True, False) if spill else (self.with_margin,)
         rows, (_, capped, *without) = self.bounds.children(fam.base, fam.tk, cell.orders, fam.vpps, fam.zeros,
                                                            [self._rooms_of(fam, m) for m in margins])
@@ -464,6 +496,23 @@ class _BestFirst:
                 self._spill(self._objective_lb(loose[k], usd_h), CAND, child._replace(step_lb=loose[k]))
         self._queue(items)
 
+    def _held_of(self, fam: Family, margin: bool):
+        """(vpp, ZeRO stage) -> (row of each node group, held) of family fam's candidates, for
+        Bounds.cell_bounds: held[row, t - 1] the pipeline ranks whose stage on that group can
+        hold >= t layers (stage_rooms; cached per family, vpp, ZeRO stage and margin)."""
+        room_of = self._rooms_of(fam, margin)
+        L = self.model.num_layers
+
+        def held_of(vpp: int, z: int):
+            key = (fam.base, vpp, z, margin)
+            got = self.held.get(key)
+            if got is None:
+                row_of, rooms = room_of(vpp, z)
+                t = np.arange(1, max(1, min(int(rooms.room.max()), L)) + 1)
+                got = self.held[key] = (row_of, (rooms.room[:, :, None] >= t).sum(axis=1))
+            return got
+        return held_of
+
     def _rooms_of(self, fam: Family, margin: bool):
         """(vpp, ZeRO stage) -> (row of each node group, stage_rooms) of family fam's candidates,
         for Bounds.children (cached per family, vpp, ZeRO stage and margin)."""
@@ -476,7 +525,7 @@ class _BestFirst:
                 got = self.rooms[key] = ({g: i for i, g in enumerate(names)},
                                          stage_rooms(self.model, self.cluster, c, names,
                                                      self.bounds.dense_ranks(c.pp, vpp),
-                                                     self.screen_terms.setdefault((fam.base, z), {}), margin))
+                                                     self.room_terms, margin, fam.tk))
             return got
         return room_of
 
@@ -530,7 +579,7 @@ class _BestFirst:
             return None
         may_fit, n_max, peak_lb = memory_screen(model, cluster, c, uneven=o.uneven_chunks,
                                                  dense_reach=self.bounds.dense_ranks(c.pp, c.vpp),
-                                                 terms=self.screen_terms.setdefault((fam.base, c.zero_stage), {}),
+                                                 terms=self.room_terms, act_key=fam.tk,
                                                  with_margin=self.with_margin)
         if not may_fit:
             res.pruned_memory += 1

@@ -1,8 +1,7 @@
 """Lower bounds of the search: seconds that no plan of a family, cell or candidate can beat,
-whatever its layer split (Bounds, with the min-max solvers it uses: _relaxed_minmax,
-_integer_minmax, mixed_floor, mixed_count_minmax). The search prices candidates in
-increasing bound order and stops when the next bound is no better than the K-th best plan
-found, so the top K are exact under the cost model."""
+whatever its layer split (Bounds, with the min-max solvers of minmax.py). The search prices
+candidates in increasing bound order and stops when the next bound is no better than the K-th
+best plan found, so the top K are exact under the cost model."""
 
 from __future__ import annotations
 
@@ -21,6 +20,8 @@ from ..placement import data_collectives, placement_of
 from ..specs.cluster import ClusterSpec
 from ..specs.model import ModelSpec
 from ..strategy import Strategy
+from .minmax import (UNITS_TOL, integer_minmax, mixed_floor_counts, mixed_floor_rows, relaxed_minmax,
+                     count_floor_groups, count_floor_rows, mixed_count_minmax, mixed_floor)
 from .screen import fit_rows
 
 
@@ -38,6 +39,7 @@ class Bounds:
         self._fam: dict = {}
         self._hop_min: dict = {}
         self._dense: dict = {}
+        self._hop_arrays: dict = {}
 
     def layer_costs(self, s: Strategy, tk: Strategy, group_name: str) -> tuple[float, float]:
         """(dense, MoE) seconds per layer and micro-batch on this group: compute + TP (+ EP);
@@ -175,7 +177,7 @@ class Bounds:
             w, least = self.work(s, tk, names)
             speeds = sorted(((1.0 / w["rate"][g], g) for g in names), reverse=True)
             ends = [self.ends(s, tk, g) for g in names]
-            v = self._fam[key] = (w["units"] * (1 - _UNITS_TOL), speeds, min(w["floor"][g] for g in names),
+            v = self._fam[key] = (w["units"] * (1 - UNITS_TOL), speeds, min(w["floor"][g] for g in names),
                                   min(e[0] for e in ends), min(e[1] for e in ends), min(a + b for a, b in ends), least)
         return v
 
@@ -185,30 +187,63 @@ class Bounds:
         stages, with T the least slowest-stage time and W the least sum of stage times when
         every stage pays only the cheapest PP hop and the end stages the cheapest group's
         embedding / output layer (see `candidate`). zeros None: s's own ZeRO stage."""
+        return self.cell_bounds(s, tk, groups, vpps, zeros)[0]
+
+    def cell_bounds(self, s: Strategy, tk: Strategy, groups: tuple[str, ...], vpps=(1,), zeros=None,
+                    rooms=()) -> list[float]:
+        """[cell's bound, then for each of `rooms` the bound with the layers each stage can hold
+        in memory]: rooms[k](vpp, zero) -> (row of each group, held) with held[row, t - 1] the
+        ranks of the pipeline whose stage on that group can hold >= t layers (stage_rooms). A
+        cell's stages on group g hold at most what its c_g roomiest ranks there can, so under
+        T they hold at most sum_t min(c_g, held[g, t - 1]) layers of time e + t a_g (e the
+        cheapest hops), and T is at least the least time at which those reach the model's
+        layers (count_floor_groups: the lighter kind's seconds for all layers and, with dense
+        and MoE layers, the MoE layer's for the MoE ones). inf: no candidate can fit."""
         p, m = s.pp, s.num_microbatches
         names = tuple(sorted(set(groups)))
         w, least = self.work(s, tk, names)
         zeros = (s.zero_stage,) if zeros is None else zeros
-        after = min(self.after_step(s, names, z) for z in zeros)
-        S = sum(1.0 / w["rate"][g] for g in groups)
-        units = w["units"] * (1 - _UNITS_TOL)
+        afters = [self.after_step(s, names, z) for z in zeros]
+        after = min(afters)
+        counts = [groups.count(g) for g in names]
+        S = sum(c / w["rate"][g] for g, c in zip(names, counts))
+        units = w["units"] * (1 - UNITS_TOL)
         f_max = max(w["floor"][g] for g in names)
         ends = [self.ends(s, tk, g) for g in names]
-        if p == 1:
+        if p == 1:   # one stage holds every layer: memory caps add nothing a screen does not
             e = min(a + b for a, b in ends)
-            return m * max(f_max + e, units / S + e) + after
+            bound = m * max(f_max + e, units / S + e) + after
+            return [bound] * (1 + len(rooms))
         emb, out = min(e[0] for e in ends), min(e[1] for e in ends)
-        hop = 2 * min(self.least_hop(s, x, y) for x in names for y in names)
-        best = float("inf")
+        hop = self._least_hop_of(s, names)
         mixed = self._n_dense_mixed()
+        per_v = []
         for v in vpps:
             e = v * hop
             T = max(v * f_max + e, units / S + e)
             if mixed is not None:
-                T = max(T, mixed_floor([v * w["moe"][g] + e for g in groups],
-                                        [w["dense_saves"][g] for g in groups], mixed, v))
-            best = min(best, (m - 1.0 / v) * T + (least + emb + out + p * e) / v)
-        return best + after
+                T = max(T, mixed_floor_counts([v * w["moe"][g] + e for g in names],
+                                               [w["dense_saves"][g] for g in names], counts, mixed, v))
+            per_v.append((v, e, T, (least + emb + out + p * e) / v))
+        out_bounds = [min((m - 1.0 / v) * T + W for v, _, T, W in per_v) + after]
+        if not rooms:
+            return out_bounds
+        floor = np.array([w["floor"][g] for g in names])
+        moe = np.array([w["moe"][g] for g in names])
+        counts = np.array(counts)
+        for room_of in rooms:
+            best = float("inf")
+            for v, e, T, W in per_v:
+                for z, after_z in zip(zeros, afters):
+                    row_of, held = room_of(v, z)
+                    held = held[[row_of[g] for g in names]]
+                    Tc = max(T, count_floor_groups(floor, e, counts, held, self.model.num_layers))
+                    if mixed is not None:
+                        Tc = max(Tc, count_floor_groups(moe, e, counts, held, self.model.num_layers - mixed))
+                    if Tc < float("inf"):
+                        best = min(best, (m - 1.0 / v) * Tc + W + after_z)
+            out_bounds.append(best)
+        return out_bounds
 
     def _n_dense_mixed(self) -> int | None:
         """The model's dense layers when it has both kinds (the mixed floor applies), else None."""
@@ -245,11 +280,11 @@ class Bounds:
         can hold (rooms[k](vpp, zero) -> (row of each group, StageRooms), as memory_screen
         finds them): inf where the candidate cannot fit, else T also at least the least time
         at which whole layers fit under those caps (count_floor_rows: `candidate`'s
-        _integer_minmax and, for dense + MoE models, mixed_count_minmax)."""
+        integer_minmax and, for dense + MoE models, mixed_count_minmax)."""
         p, m = s.pp, s.num_microbatches
         names = tuple(sorted(set(orders[0])))
         w, least = self.work(s, tk, names)
-        units = w["units"] * (1 - _UNITS_TOL)
+        units = w["units"] * (1 - UNITS_TOL)
         after = {z: self.after_step(s, names, z) for z in zeros}
         v = np.array(vpps, dtype=float)[:, None]
         idx = {g: k for k, g in enumerate(names)}
@@ -259,15 +294,10 @@ class Bounds:
         moe = np.array([w["moe"][g] for g in names])
         saves = np.array([w["dense_saves"][g] for g in names])
         if mixed is not None:   # per vpp row, the ranks no dense layer can reach
-            moe_only_mask = np.array([[r not in self.dense_ranks(p, int(x)) for r in range(p)] for x in vpps])
+            moe_only_mask = np.array([self.moe_only(p, int(x)) for x in vpps])
         ends = np.array([self.ends(s, tk, g) for g in names])
         per = s.gpus_per_stage
-        # hop[a, b, same domain]: one send between stages on groups a and b (in one scale-up
-        # domain only within a group), and each group's GPUs per domain, for _same_node over
-        # whole orders
-        hop = np.array([[[self.pp_hop(s, x, y, same and x == y) for same in (False, True)] for y in names]
-                        for x in names])
-        gpn = np.array([self.cluster.group(g).domain_gpus for g in names])
+        hop, gpn = self._hops(s, names)
         rank = np.arange(p - 1)
         # every stage order of the cell at once: (orders, stages), then (orders, vpps, stages)
         gi = np.array([[idx[g] for g in groups] for groups in orders])
@@ -288,7 +318,7 @@ class Bounds:
         T = np.maximum((v[None] * F[:, None, :] + e).max(axis=2), (units + (e * R[:, None, :]).sum(axis=2)) / S[:, None])
         if mixed is not None:   # one row per order and vpp
             rows = (v[None] * moe[gi][:, None, :] + e).reshape(n_orders * n_v, p)
-            T = np.maximum(T, _mixed_floor_rows(rows, np.repeat(saves[gi], n_v, axis=0), mixed,
+            T = np.maximum(T, mixed_floor_rows(rows, np.repeat(saves[gi], n_v, axis=0), mixed,
                                                 np.tile(v, (n_orders, 1)), np.tile(moe_only_mask, (n_orders, 1)))
                            .reshape(n_orders, n_v))
         W = least + e.sum(axis=2)
@@ -319,6 +349,38 @@ class Bounds:
             bounds = [np.where(np.isinf(t), np.inf, (m * t if p == 1 else (m - 1.0 / vz) * t + W[:, :, None] / vz)
                                + tail).reshape(-1) for t in Ts]
         return rows, bounds
+
+    def _least_hop_of(self, s: Strategy, names: tuple) -> float:
+        """Twice the cheapest PP hop between any two of these groups (cell_bounds; cached by
+        what least_hop reads)."""
+        key = (s.seq_length, s.cp, s.micro_batch_size, s.tp, s.sp, s.gpus_per_stage, names)
+        got = self._hop_arrays.get(key)
+        if got is None:
+            got = self._hop_arrays[key] = 2 * min(self.least_hop(s, x, y) for x in names for y in names)
+        return got
+
+    def moe_only(self, p: int, v: int) -> np.ndarray:
+        """Per pipeline rank, whether no dense layer can reach it (dense_ranks; a model with
+        both kinds), as a bool array (cached)."""
+        key = ("mask", p, v)
+        got = self._dense.get(key)
+        if got is None:
+            reach = self.dense_ranks(p, v)
+            got = self._dense[key] = np.array([r not in reach for r in range(p)])
+        return got
+
+    def _hops(self, s: Strategy, names: tuple) -> tuple[np.ndarray, np.ndarray]:
+        """(hop[a, b, same domain]: one send between stages on groups a and b of `names`, in
+        one scale-up domain only within a group; each group's GPUs per domain), for
+        _same_node over whole stage orders (cached by what pp_hop reads)."""
+        key = (s.seq_length, s.cp, s.micro_batch_size, s.tp, s.sp, names)
+        got = self._hop_arrays.get(key)
+        if got is None:
+            got = self._hop_arrays[key] = (
+                np.array([[[self.pp_hop(s, x, y, same and x == y) for same in (False, True)] for y in names]
+                          for x in names]),
+                np.array([self.cluster.group(g).domain_gpus for g in names]))
+        return got
 
     def _same_node(self, groups, i: int, per: int) -> bool:
         """Whether stages i and i + 1 share a scale-up domain (estimate's stages_share_node)."""
@@ -354,7 +416,7 @@ class Bounds:
             W += e
             B.append(v * w["moe"][g] + e)
             saves.append(w["dense_saves"][g])
-        T = max(_relaxed_minmax(stages, w["units"], v), _integer_minmax(stages, L, v))
+        T = max(relaxed_minmax(stages, w["units"], v), integer_minmax(stages, L, v))
         mixed = self._n_dense_mixed()
         if mixed is not None:
             reach = self.dense_ranks(p, v)
@@ -487,153 +549,3 @@ class Bounds:
             dp[g.name] = t
         v = self._after_groups[key] = (params, C.adam_step_bytes_per_param(s), dp)
         return v
-
-
-# Relative slack when comparing summed work units (sums of the same floats in another order).
-_UNITS_TOL = 1e-9
-
-
-def _relaxed_minmax(stages: dict[tuple, int], units: float, n_min: int) -> float:
-    """Least T such that the layers fit under it with at least n_min per stage, over real
-    (fractional) layer splits. A stage (r seconds per work unit, f least seconds of one layer,
-    e fixed seconds, cap most units its memory holds) takes >= r u + e for u <= cap work units,
-    and >= n_min f + e as it holds n_min layers; `stages` maps each to how many stages share it.
-    So T >= max(n_min f + e), and sum min(cap, (T - e)/r) >= units, whose left side is
-    increasing and piecewise linear in T: solved exactly piece by piece."""
-    items = [(r, e, cap, k) for (r, _, e, cap, _), k in stages.items()]
-    floor = max(n_min * f + e for (_, f, e, _, _) in stages)
-    need_units = units * (1 - _UNITS_TOL)   # caps that exactly hold the model are enough
-
-    def held(T):
-        return sum(k * min(cap, (T - e) / r) for r, e, cap, k in items)
-
-    if held(floor) >= need_units:
-        return floor
-    T = floor
-    # breakpoints where a stage fills its memory; between them the slope is the sum of 1/r
-    # over the stages still filling
-    for x in sorted(e + r * cap for r, e, cap, _ in items if e + r * cap > floor) + [float("inf")]:
-        slope = sum(k / r for r, e, cap, k in items if e + r * cap > T)
-        if slope <= 0:
-            return T if held(T) >= need_units else float("inf")   # every stage is full
-        need = (need_units - held(T)) / slope
-        if T + need <= x:
-            return T + need
-        T = x
-    return float("inf")
-
-
-# Relative slack on a layer count computed from a time (floors of float quotients).
-_COUNT_TOL = 1e-9
-
-
-def _integer_minmax(stages: dict[tuple, int], n_layers: int, n_min: int) -> float:
-    """Least T such that whole layers fit under it: a stage (f least seconds of one layer, e
-    fixed seconds, at most n_cap layers in memory) holds at most min(n_cap, floor((T - e) / f))
-    layers and at least n_min, and the stages must hold all n_layers. With a few layers per
-    stage this is well above the fractional bound of _relaxed_minmax (61 layers on 24 stages
-    need a stage of 3). The low end of the step is kept, where the layers do not fit, so the
-    value returned never exceeds the true least T."""
-    items = [(f, e, n_cap, k) for (_, f, e, _, n_cap), k in stages.items()]
-
-    def held(T):
-        return sum(k * min(n_cap, int((T - e) / f * (1 + _COUNT_TOL))) for f, e, n_cap, k in items)
-
-    lo = max(n_min * f + e for f, e, _, _ in items)
-    if held(lo) >= n_layers:
-        return lo
-    hi = max(max(n_cap, n_min) * f + e for f, e, n_cap, _ in items)
-    if held(hi) < n_layers:
-        return float("inf")
-    return _step_low(held, n_layers, items, lo)
-
-
-def _step_low(held, n_layers: int, items, lo: float) -> float:
-    """The low end of the least T >= lo with held(T) >= n_layers (held(lo) < n_layers <=
-    held(T) for some T): a T at which the layers still do not fit, the float just below the
-    step where they do. held counts, for each of `items` (f seconds a layer, e fixed seconds,
-    n_cap most layers, k stages alike), the j <= n_cap with e + j f / (1 + _COUNT_TOL) <= T:
-    so that step is where the weighted count of those times above lo reaches what lo lacks.
-    Rounding is settled against held itself, one float at a time."""
-    f, e, cap, k = (np.array(x) for x in zip(*items))
-    cap = cap.astype(np.int64)
-    owner = np.repeat(np.arange(len(cap)), cap)
-    j = np.arange(1, owner.size + 1) - np.repeat(np.cumsum(cap) - cap, cap)
-    times = e[owner] + j * (f[owner] / (1 + _COUNT_TOL))
-    above = times > lo
-    times, weight = times[above], k[owner][above]
-    order = np.argsort(times, kind="stable")
-    reached = held(lo) + np.cumsum(weight[order])
-    T = float(times[order][np.searchsorted(reached, n_layers)])
-    while held(T) < n_layers:
-        T = float(np.nextafter(T, np.inf))
-    while T > lo and held(T) >= n_layers:
-        T = float(np.nextafter(T, -np.inf))
-    return max(T, lo)
-
-
-def count_floor_rows(a, e, caps, need: int):
-    """Per row of stages (rows x stages: a_i seconds a layer, e_i fixed seconds, at most caps_i
-    layers in memory), the least T at which they hold `need` whole layers: stage i holds
-    min(caps_i, floor((T - e_i) / a_i)), so T is the need-th smallest of e_i + j a_i over
-    j = 1..caps_i (each time rounded down as _integer_minmax's counts round up); inf where the
-    caps hold fewer. _integer_minmax (a the lighter kind's seconds, need all layers) and
-    mixed_count_minmax (a the MoE layer's, need the MoE layers) over many stage orders at once,
-    without their floors: take the max with those."""
-    a, e, caps = np.asarray(a, dtype=float), np.asarray(e, dtype=float), np.asarray(caps)
-    if need <= 0:
-        return np.full(len(a), -np.inf)
-    j = np.arange(1, int(min(caps.max(initial=0), need)) + 1)
-    if not j.size:
-        return np.full(len(a), np.inf)
-    times = e[..., None] + j * (a[..., None] / (1 + _COUNT_TOL))
-    times = np.where(j <= caps[..., None], times, np.inf).reshape(len(a), -1)
-    if times.shape[1] < need:
-        return np.full(len(a), np.inf)
-    return np.partition(times, need - 1, axis=1)[:, need - 1]
-
-
-def mixed_count_minmax(stages: dict[tuple, int], n_layers: int, n_dense: int, lo: float) -> float:
-    """Least T (>= lo, a T known not to exceed the optimum) at which whole layers of a model with
-    n_dense dense and n_layers - n_dense MoE layers can fit: a stage (a MoE layer costs it a
-    seconds, e fixed seconds, at most n_cap layers in memory) holding k MoE and d dense layers
-    under T has k <= floor((T - e) / a) (dense layers cost >= 0) and k + d <= n_cap, and the
-    d's sum to at most n_dense, so all stages hold at most
-    sum min(n_cap, floor((T - e) / a)) + n_dense layers. Where memory forces many layers onto
-    slow stages this is far above _integer_minmax, which prices every layer as the cheaper kind
-    (DeepSeek-V3: 3 dense layers of 61). The low end is kept, as _integer_minmax does."""
-    items = [(a, e, n_cap, k) for (a, e, n_cap), k in stages.items()]
-
-    def held(T):
-        return n_dense + sum(k * min(n_cap, max(0, int((T - e) / a * (1 + _COUNT_TOL)))) for a, e, n_cap, k in items)
-
-    if held(lo) >= n_layers:
-        return lo
-    hi = max(lo, max(n_cap * a + e for a, e, n_cap, _ in items))   # every stage full
-    if held(hi) < n_layers:
-        return float("inf")
-    return _step_low(held, n_layers, items, lo)
-
-
-def _mixed_floor_rows(B, saves, n_dense: int, v, moe_only=None):
-    """A lower bound on the slowest stage of a model with dense and MoE layers, per row of
-    B (rows x stages; v: each row's vpp, an int or a rows x 1 array): stage i holds at least v
-    layers, costing B[i] (its v MoE layers, ends and hops) if all are MoE, and each dense layer
-    among them saves at most saves[i]. The model has only n_dense dense layers, so at most
-    n_dense stages hold any (some stage outside them keeps its B: the (n_dense + 1)-th largest),
-    and no stage saves on more than min(v, n_dense) layers; `moe_only` (rows x stages): stages no
-    dense layer can reach (Bounds.dense_ranks), which keep their B. (The floor of every layer at
-    the cheaper kind, all a single-kind bound knows, is B - v saves.)"""
-    B = np.asarray(B, dtype=float)
-    low = (B - np.minimum(v, n_dense) * np.asarray(saves, dtype=float)).max(axis=1)
-    p = B.shape[1]
-    if p > n_dense:
-        low = np.maximum(low, np.sort(B, axis=1)[:, p - 1 - n_dense])
-    if moe_only is not None:
-        low = np.maximum(low, np.where(moe_only, B, -np.inf).max(axis=1))
-    return low
-
-
-def mixed_floor(B, saves, n_dense: int, v: int, moe_only=None) -> float:
-    """_mixed_floor_rows of one row of stages."""
-    return float(_mixed_floor_rows([B], saves, n_dense, v, None if moe_only is None else [moe_only])[0])

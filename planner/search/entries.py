@@ -34,6 +34,8 @@ class Cell:
     count: int
     step_lb: float                 # seconds no candidate of the cell beats
     usd_hour: float | None         # USD an hour of the GPUs its candidates are charged for
+    capped: bool = False           # step_lb allows for the layers its stages can hold (Bounds.cell_bounds)
+    spilled: bool = False          # set aside whole for the TIGHT phase (its children are not, one by one)
 
 
 class TimeClass(NamedTuple):

@@ -7,15 +7,16 @@ This module is the search's public entry: what the CLI, the sweep, the benchmark
 validation scripts import. The search lives in the modules of this package, one concern each:
 - space.py: SearchOptions, SearchResult, SearchProgress, the constants that bound the space,
   enumerate_space, stage_layouts (with order_key, distinct_orders), the families, space_worlds;
-- bounds.py: the lower bounds (Bounds and the min-max solvers it uses);
-- screen.py: the memory screens (memory_screen, fits_exactly, block recompute,
-  peak_bytes_lower_bound);
+- bounds.py: the lower bounds (Bounds); minmax.py: the min-max solvers they use;
+- screen.py: the memory screens (memory_screen and stage_rooms, fits_exactly, block
+  recompute, peak_bytes_lower_bound);
 - split.py: the stage split (initial_split, partition_problem, refine_partition,
   balanced_chunks, with_split);
 - pricing.py: a candidate's estimate and exact re-split, the ILP cross-check;
 - results.py: the plans found (Plans);
 - best_first.py: the best-first loop (search);
-- helper.py: the second process of a search with --jobs >= 2 (TIGHT plans, pricing ahead)."""
+- helper.py: the second process of a search with --jobs >= 2 (half the family screen, pricing
+  ahead)."""
 
 from __future__ import annotations
 

@@ -12,7 +12,8 @@ from typing import NamedTuple
 import numpy as np
 
 from ..cost.memory import (in_flight_microbatches, layer_kept_activation_bytes, layer_state_bytes,
-                           stage_fixed_bytes_parts, stage_memory, usable_bytes)
+                           stage_fixed_activation_parts, stage_fixed_state_bytes, stage_memory, usable_bytes)
+from ..estimate import time_key
 from ..errors import InvalidStrategy
 from ..placement import placement_of
 from ..specs.cluster import ClusterSpec
@@ -107,13 +108,14 @@ def most_layers(free, dense, moe, n_dense: int):
 
 
 def memory_screen(model: ModelSpec, cluster: ClusterSpec, s: Strategy, uneven: bool = True,
-                   dense_reach: frozenset | None = None, terms: dict | None = None, with_margin: bool = False):
+                   dense_reach: frozenset | None = None, terms: RoomTerms | None = None, with_margin: bool = False,
+                   act_key=None):
     """(may fit, most layers each stage can hold, a lower bound on the peak bytes per GPU of
     any split). Stage i holds at most n_i = (capacity - fixed) / per-layer layers (a
     multiple of vpp), with the lower bounds of cost/memory.py, so a split can only fit if every
     n_i >= vpp and the n_i reach the model's layers (stage_rooms, fit_rows). `uneven`: splits
     whose ranks need not hold a multiple of vpp layers are searched (the peak bound allows for
-    them). `dense_reach`, `terms`: as stage_rooms takes them."""
+    them). `dense_reach`, `terms`, `act_key`: as stage_rooms takes them."""
     if s.recompute_num_layers is not None:
         # block recompute is priced on its own split: its memory is known exactly
         mems = stage_memories(model, cluster, s)
@@ -123,7 +125,7 @@ def memory_screen(model: ModelSpec, cluster: ClusterSpec, s: Strategy, uneven: b
     # each rank's GPU, as stage_gpu gives it
     order = list(dict.fromkeys(s.stage_node_groups)) if s.stage_node_groups else [cluster.node_groups[0].name]
     gi = np.array([[order.index(g) for g in s.stage_node_groups] if s.stage_node_groups else [0] * p])
-    rooms = stage_rooms(model, cluster, s, order, dense_reach, terms, with_margin)
+    rooms = stage_rooms(model, cluster, s, order, dense_reach, terms, with_margin, act_key)
     n_max, fits = fit_rows(model, rooms, gi, s.vpp)
     ranks = np.arange(p)
     peak = peak_bytes_lower_bound(rooms.fixed.tolist(), rooms.per[gi[0], ranks].tolist(), [1] * p, model.num_layers,
@@ -139,43 +141,99 @@ class StageRooms(NamedTuple):
     fixed: np.ndarray            # bytes a rank holds beside its layers (per rank, any group)
 
 
+class RoomTerms:
+    """stage_rooms' terms for the candidates of one search (they differ only in degrees,
+    data-parallel size, depth, micro-batch, layer execution, vpp, ZeRO stage and placement),
+    each cached by what it depends on, as the family screen's tables are (family_screen.py):
+    the states by the degrees, data-parallel size, pp > 1 and ZeRO stage; the activations by
+    the time class (`act_key`, its time key: neither depth nor data-parallel size enter); the
+    bytes a GPU can use by the time class, the data-parallel size and pp > 1 (the NCCL
+    communicators a rank opens) and the margin; the micro-batches in flight by the schedule."""
+
+    def __init__(self, model: ModelSpec, cluster: ClusterSpec):
+        self.model, self.cluster = model, cluster
+        self._states: dict = {}
+        self._acts: dict = {}
+        self._alloc: dict = {}
+        self._flight: dict = {}
+        self._masks: dict = {}
+
+    def states(self, s: Strategy) -> tuple:
+        """(fixed state bytes per end shape, _SHAPES; each group's layer states per kind)."""
+        key = (s.tp, s.cp, s.ep, s.etp, s.dp, s.pp > 1, s.zero_stage)
+        got = self._states.get(key)
+        if got is None:
+            model, placement = self.model, placement_of(s)
+            shapes = _SHAPES if s.pp > 1 else (_ALONE,)
+            got = self._states[key] = (
+                {e: stage_fixed_state_bytes(model, s, placement, *e) for e in shapes},
+                {g.name: [layer_state_bytes(model, s, placement, k, g.gpu) for k in model.layer_kinds]
+                 for g in self.cluster.node_groups})
+        return got
+
+    def activations(self, s: Strategy, act_key) -> tuple:
+        """(fixed activation bytes and bytes per micro-batch in flight per end shape; kept bytes
+        per layer kind)."""
+        got = self._acts.get(act_key)
+        if got is None:
+            model = self.model
+            got = self._acts[act_key] = ({e: stage_fixed_activation_parts(model, s, *e) for e in _SHAPES + (_ALONE,)},
+                                         [layer_kept_activation_bytes(model, s, k) for k in model.layer_kinds])
+        return got
+
+    def alloc(self, s: Strategy, act_key, names, with_margin: bool) -> np.ndarray:
+        key = (act_key, s.dp, s.pp > 1, names, with_margin)
+        got = self._alloc.get(key)
+        if got is None:
+            got = self._alloc[key] = np.array([usable_bytes(self.model, s, self.cluster.group(g).gpu, with_margin)
+                                               for g in names])
+        return got
+
+    def reach_mask(self, p: int, dense_reach: frozenset) -> np.ndarray:
+        """Per rank of p, whether it is in dense_reach."""
+        key = (p, dense_reach)
+        got = self._masks.get(key)
+        if got is None:
+            got = self._masks[key] = np.array([i in dense_reach for i in range(p)])
+        return got
+
+    def flight(self, s: Strategy) -> np.ndarray:
+        """in_flight_microbatches of every rank."""
+        key = (s.pp, s.num_microbatches, s.vpp, s.microbatch_group_size, s.overlap_moe_expert_parallel_comm)
+        got = self._flight.get(key)
+        if got is None:
+            got = self._flight[key] = np.array([in_flight_microbatches(s, i) for i in range(s.pp)])
+        return got
+
+
+# A rank's end shapes, (first, last): stage_fixed_bytes_parts' arguments.
+_SHAPES = ((True, False), (False, False), (False, True))
+_ALONE = (True, True)
+
+
 def stage_rooms(model: ModelSpec, cluster: ClusterSpec, s: Strategy, names, dense_reach: frozenset | None = None,
-                terms: dict | None = None, with_margin: bool = False) -> StageRooms:
+                terms: RoomTerms | None = None, with_margin: bool = False, act_key=None) -> StageRooms:
     """The layers each pipeline rank of s (its degrees, vpp and ZeRO stage; any stage order)
     can hold on each node group of `names`, from the lower bounds of cost/memory.py: (capacity
-    - fixed) / per-layer bytes, a multiple of vpp. Per-layer bytes are the lighter layer kind's,
-    but on ranks no dense layer can reach (`dense_reach`, Bounds.dense_ranks: the ranks that
-    can) a MoE layer's; a rank whose layers are not a multiple of vpp keeps at least the
-    activations of the even vpp floor(n / vpp) layers below it (its chunks only grow), so it
-    may hold vpp - 1 more. `terms`: a cache of the per-GPU and per-end terms, shared by
-    candidates that differ only in vpp, split, stage placement and margin (none of these terms
-    depends on them; the micro-batches in flight, which depend on vpp, are kept per vpp, the
-    bytes a GPU can use per margin)."""
+    - fixed) / per-layer bytes (stage_fixed_bytes_parts, layer_memory_bytes: states + kept
+    activations x micro-batches in flight), a multiple of vpp. Per-layer bytes are the lighter
+    layer kind's, but on ranks no dense layer can reach (`dense_reach`, Bounds.dense_ranks: the
+    ranks that can) a MoE layer's; a rank whose layers are not a multiple of vpp keeps at least
+    the activations of the even vpp floor(n / vpp) layers below it (its chunks only grow), so
+    it may hold vpp - 1 more. `terms`: the search's cache (RoomTerms), with `act_key` s's time
+    key (time_key(s) if not given)."""
     p, v, kinds = s.pp, s.vpp, model.layer_kinds
-    # the terms of layer_memory_bytes, stage_fixed_bytes_parts and usable_bytes that do not
-    # depend on the rank, once per layer kind, end shape and GPU; then every rank at once
-    terms = {} if terms is None else terms
-    if "parts" not in terms:
-        placement = terms["placement"] = placement_of(s)
-        shapes = [(True, p == 1)] + ([(False, False)] if p > 2 else []) + ([(False, True)] if p > 1 else [])
-        terms["parts"] = np.array([stage_fixed_bytes_parts(model, s, placement, *e) for e in shapes])
-        terms["kept"] = np.array([layer_kept_activation_bytes(model, s, k) for k in kinds])
-    for g in names:
-        if g not in terms:
-            terms[g] = [layer_state_bytes(model, s, terms["placement"], k, cluster.group(g).gpu) for k in kinds]
-        if (g, with_margin) not in terms:
-            terms[g, with_margin] = usable_bytes(model, s, cluster.group(g).gpu, with_margin)
-    flight = terms.get(("flight", v))
-    if flight is None:
-        flight = terms["flight", v] = np.array([in_flight_microbatches(s, i) for i in range(p)])
-    alloc = np.array([terms[g, with_margin] for g in names])
-    states = np.array([terms[g] for g in names])
-    kept, parts = terms["kept"], terms["parts"]
-    shape = np.full(p, len(parts) - 2 if p > 2 else 0)
-    shape[0], shape[-1] = 0, len(parts) - 1
-    per_kind = states[:, None, :] + kept[None, None, :] * flight[None, :, None]    # (groups, ranks, kinds)
+    terms = RoomTerms(model, cluster) if terms is None else terms
+    act_key = time_key(s) if act_key is None else act_key
+    st_fixed, st_layer = terms.states(s)
+    act_fixed, kept = terms.activations(s, act_key)
+    ends = [_ALONE] if p == 1 else [_SHAPES[0]] + [_SHAPES[1]] * (p - 2) + [_SHAPES[2]]
+    flight = terms.flight(s)
+    fixed = np.array([st_fixed[e] + act_fixed[e][0] for e in ends]) + np.array([act_fixed[e][1] for e in ends]) * flight
+    alloc = terms.alloc(s, act_key, tuple(names), with_margin)
+    states = np.array([st_layer[g] for g in names])
+    per_kind = states[:, None, :] + np.array(kept)[None, None, :] * flight[None, :, None]    # (groups, ranks, kinds)
     per = per_kind.min(axis=2)
-    fixed = parts[shape, 0] + parts[shape, 1] * flight
     free = alloc[:, None] - fixed[None, :]
     moe_room = None
     if len(kinds) > 1:
@@ -187,7 +245,7 @@ def stage_rooms(model: ModelSpec, cluster: ClusterSpec, s: Strategy, names, dens
         # MoE layers on ranks no dense layer can reach
         with_dense = most_layers(free, per_kind[:, :, kinds.index(False)], moe_per, model.num_dense_layers)
         if dense_reach is not None:
-            with_dense = np.where([i in dense_reach for i in range(p)], with_dense, moe_room)
+            with_dense = np.where(terms.reach_mask(p, dense_reach), with_dense, moe_room)
         room = with_dense.astype(np.int64) // v * v
     else:
         room = np.maximum(free // per, 0).astype(np.int64) // v * v
