@@ -7,6 +7,7 @@ _exact_max_layers), and the chunk layout of a split (balanced_chunks, with_split
 from __future__ import annotations
 
 from dataclasses import replace
+from functools import lru_cache
 
 import numpy as np
 
@@ -125,17 +126,13 @@ def _exact_max_layers(model: ModelSpec, cluster: ClusterSpec, s: Strategy, prob:
     partition problem is exact only for even chunks and split-independent buffers (uneven
     chunks keep fewer activations; ZeRO-2/3 buffers follow the stage's parameters). Memory
     grows with the count, so a walk from the additive estimate finds the exact limit."""
-    placement = placement_of(s)
     L, v = model.num_layers, s.vpp
     out = np.zeros(s.pp, dtype=np.int64)
+    # the candidates of a cell differ in stage order: they share each rank's verdicts
+    base = replace(s, stage_node_groups=None, layers_per_stage=None, chunk_layers=None)
 
     def fits(i, n, gpu):
-        # the other stages at vpp layers keep stage i's range inside the model
-        split = [v] * s.pp
-        split[i] = n
-        sn = replace(s, layers_per_stage=tuple(split), chunk_layers=balanced_chunks(tuple(split), v))
-        mem = stage_memory(model, sn, placement, i, gpu)
-        return mem.verdict == "fits" if safe else mem.fits
+        return _rank_fits(model, base, i, n, gpu, safe)
 
     for i in range(s.pp):
         gpu = stage_gpu(cluster, s, i)
@@ -152,6 +149,19 @@ def _exact_max_layers(model: ModelSpec, cluster: ClusterSpec, s: Strategy, prob:
             n = n - q if n - q >= v else 0
         out[i] = n
     return out
+
+
+@lru_cache(maxsize=1 << 16)
+def _rank_fits(model: ModelSpec, s: Strategy, i: int, n: int, gpu, safe: bool) -> bool:
+    """Whether rank i of s (no split, no placement) fits n layers on `gpu`, the other ranks at
+    vpp layers (they keep its range inside the model), with the margin when `safe`: a pure
+    function of its arguments, cached across the candidates priced."""
+    v = s.vpp
+    split = [v] * s.pp
+    split[i] = n
+    sn = replace(s, layers_per_stage=tuple(split), chunk_layers=balanced_chunks(tuple(split), v))
+    mem = stage_memory(model, sn, placement_of(sn), i, gpu)
+    return mem.verdict == "fits" if safe else mem.fits
 
 
 def balanced_chunks(layers_per_stage: tuple[int, ...], vpp: int) -> tuple[int, ...] | None:
