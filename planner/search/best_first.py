@@ -458,9 +458,9 @@ class _BestFirst:
         return cell
 
     def _expand_cell(self, lb: float, cell: Cell) -> None:
-        """A cell's candidates, each bounded with the layers each of its stages can hold in
-        memory (memory_screen's caps, all at once: Bounds.children); those that cannot fit are
-        pruned by memory here. Those the margin rules out, or whose bound it raises, are set
+        """A cell's candidates (after its own bound with memory caps, _capped_cell), each
+        bounded with the layers each of its stages can hold in memory (memory_screen's caps,
+        all at once: Bounds.children); those that cannot fit are pruned by memory here. Those the margin rules out, or whose bound it raises, are set
         aside under their bound without it (_spill). A block-recompute family's caps depend
         on its k: its candidates are bounded without them (_reach_block screens them)."""
         fam, usd_h = cell.family, cell.usd_hour
@@ -476,7 +476,7 @@ class _BestFirst:
             self._queue([Pending(self._objective_lb(b, usd_h), BLOCK, Child(fam, vpp, z, groups, b, usd_h), 1)
                          for b, (vpp, z, groups) in zip(bounds.tolist(), rows)])
             return
-        # set aside child by child, unless the whole cell was (_expand_family)
+        # set aside child by child, unless the whole cell was (_capped_cell)
         spill = self.tight_heap is not None and not self.tight_phase and not cell.spilled
         margins = (True, False) if spill else (self.with_margin,)
         rows, (_, capped, *without) = self.bounds.children(fam.base, fam.tk, cell.orders, fam.vpps, fam.zeros,
