@@ -36,7 +36,8 @@ from .helper import Helper
 from .objective import check_objective, dominates, figures, usd_per_million_tokens
 from .pricing import add_effects, ilp_cross_check, priced_apart
 from .results import Plans
-from .screen import RoomTerms, fits_exactly, least_block_recompute, memory_screen, stage_memories, stage_rooms
+from .rooms import FamilyRooms
+from .screen import fits_exactly, least_block_recompute, memory_screen, stage_memories
 from .space import PROGRESS_INTERVAL_S, SearchOptions, SearchProgress, SearchResult, warn
 from .split import initial_split, with_split
 
@@ -140,9 +141,7 @@ class _BestFirst:
         # what the entries taken best first share
         self.seen: set = set()
         self.rank_fits: dict = {}    # fits_exactly's verdicts per rank, shared by block candidates
-        self.room_terms = RoomTerms(model, cluster)   # memory_screen's / stage_rooms' terms
-        self.rooms: dict = {}         # stage_rooms per family, vpp, ZeRO stage and margin (_rooms_of)
-        self.held: dict = {}          # and the ranks holding >= t layers per group (_held_of)
+        self.rooms = FamilyRooms(model, cluster, self.bounds)   # the memory caps of cells and candidates
         self.screened_out: list = []  # candidates (Child) the memory screens ruled out before any plan was found
         self.splits: dict = {}       # initial_split per time class, depth, vpp, stage order and evenness
         self.closest = None
@@ -441,7 +440,7 @@ class _BestFirst:
         spill = self.tight_heap is not None and not self.tight_phase
         margins = (True, False) if spill else (self.with_margin,)
         _, capped, *loose = self.bounds.cell_bounds(fam.base, fam.tk, cell.orders[0], fam.vpps, fam.zeros,
-                                                    [self._held_of(fam, m) for m in margins])
+                                                    [self.rooms.held_of(fam, m) for m in margins])
         spilled = spill and loose[0] < capped * (1 - _REQUEUE_SLACK)
         if spilled:
             self._spill(self._objective_lb(loose[0], usd_h), CELL, replace(cell, step_lb=loose[0], capped=True))
@@ -480,7 +479,7 @@ class _BestFirst:
         spill = self.tight_heap is not None and not self.tight_phase and not cell.spilled
         margins = (True, False) if spill else (self.with_margin,)
         rows, (_, capped, *without) = self.bounds.children(fam.base, fam.tk, cell.orders, fam.vpps, fam.zeros,
-                                                           [self._rooms_of(fam, m) for m in margins])
+                                                           [self.rooms.rooms_of(fam, m) for m in margins])
         loose = without[0].tolist() if spill else None
         items = []
         for k, (b, (vpp, z, groups)) in enumerate(zip(capped.tolist(), rows)):
@@ -495,39 +494,6 @@ class _BestFirst:
                 # it may fit, or fit faster, within the margin
                 self._spill(self._objective_lb(loose[k], usd_h), CAND, child._replace(step_lb=loose[k]))
         self._queue(items)
-
-    def _held_of(self, fam: Family, margin: bool):
-        """(vpp, ZeRO stage) -> (row of each node group, held) of family fam's candidates, for
-        Bounds.cell_bounds: held[row, t - 1] the pipeline ranks whose stage on that group can
-        hold >= t layers (stage_rooms; cached per family, vpp, ZeRO stage and margin)."""
-        room_of = self._rooms_of(fam, margin)
-        L = self.model.num_layers
-
-        def held_of(vpp: int, z: int):
-            key = (fam.base, vpp, z, margin)
-            got = self.held.get(key)
-            if got is None:
-                row_of, rooms = room_of(vpp, z)
-                t = np.arange(1, max(1, min(int(rooms.room.max()), L)) + 1)
-                got = self.held[key] = (row_of, (rooms.room[:, :, None] >= t).sum(axis=1))
-            return got
-        return held_of
-
-    def _rooms_of(self, fam: Family, margin: bool):
-        """(vpp, ZeRO stage) -> (row of each node group, stage_rooms) of family fam's candidates,
-        for Bounds.children (cached per family, vpp, ZeRO stage and margin)."""
-        def room_of(vpp: int, z: int):
-            key = (fam.base, vpp, z, margin)
-            got = self.rooms.get(key)
-            if got is None:
-                c, _ = child_strategy(fam, vpp, z, None, self.cluster)
-                names = fam.names or tuple(sorted({g for orders in fam.layouts.values() for o in orders for g in o}))
-                got = self.rooms[key] = ({g: i for i, g in enumerate(names)},
-                                         stage_rooms(self.model, self.cluster, c, names,
-                                                     self.bounds.dense_ranks(c.pp, vpp),
-                                                     self.room_terms, margin, fam.tk))
-            return got
-        return room_of
 
     def _initial_split(self, fam: Family, c: Strategy, groups: tuple, uneven: bool):
         """split.initial_split of a candidate c of family fam, cached: it reads c's depth, vpp
@@ -579,7 +545,7 @@ class _BestFirst:
             return None
         may_fit, n_max, peak_lb = memory_screen(model, cluster, c, uneven=o.uneven_chunks,
                                                  dense_reach=self.bounds.dense_ranks(c.pp, c.vpp),
-                                                 terms=self.room_terms, act_key=fam.tk,
+                                                 terms=self.rooms.terms, act_key=fam.tk,
                                                  with_margin=self.with_margin)
         if not may_fit:
             res.pruned_memory += 1

@@ -9,7 +9,8 @@ validation scripts import. The search lives in the modules of this package, one 
   enumerate_space, stage_layouts (with order_key, distinct_orders), the families, space_worlds;
 - bounds.py: the lower bounds (Bounds); minmax.py: the min-max solvers they use;
 - screen.py: the memory screens (memory_screen and stage_rooms, fits_exactly, block
-  recompute, peak_bytes_lower_bound);
+  recompute, peak_bytes_lower_bound); rooms.py: the memory caps of a family's cells and
+  candidates, cached for the search (FamilyRooms);
 - split.py: the stage split (initial_split, partition_problem, refine_partition,
   balanced_chunks, with_split);
 - pricing.py: a candidate's estimate and exact re-split, the ILP cross-check;
