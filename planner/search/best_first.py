@@ -184,8 +184,13 @@ class _BestFirst:
         ruled out, or bounded with the layers each stage holds with it, that may fit (faster)
         within it. Nothing is set aside in the TIGHT phase itself, nor when TIGHT plans are
         allowed (one search screens without the margin)."""
-        if self.tight_heap is not None and not self.tight_phase:
+        if self._setting_aside():
             heapq.heappush(self.tight_heap, (bound, next(self.tie), kind, payload))
+
+    def _setting_aside(self) -> bool:
+        """Whether what the margin rules out is set aside for the TIGHT phase (the first phase
+        of a search safe by default)."""
+        return self.tight_heap is not None and not self.tight_phase
 
     def _objective_lb(self, step_lb: float, usd_h) -> float:
         """A bound on the objective from a bound on step time and the GPUs charged: the cost
@@ -437,7 +442,7 @@ class _BestFirst:
         the cell is also set aside whole under its bound without the margin (its children then
         are not, one by one)."""
         fam, usd_h = cell.family, cell.usd_hour
-        spill = self.tight_heap is not None and not self.tight_phase
+        spill = self._setting_aside()
         margins = (True, False) if spill else (self.with_margin,)
         _, capped, *loose = self.bounds.cell_bounds(fam.base, fam.tk, cell.orders[0], fam.vpps, fam.zeros,
                                                     [self.rooms.held_of(fam, m) for m in margins])
@@ -459,9 +464,10 @@ class _BestFirst:
     def _expand_cell(self, lb: float, cell: Cell) -> None:
         """A cell's candidates (after its own bound with memory caps, _capped_cell), each
         bounded with the layers each of its stages can hold in memory (memory_screen's caps,
-        all at once: Bounds.children); those that cannot fit are pruned by memory here. Those the margin rules out, or whose bound it raises, are set
-        aside under their bound without it (_spill). A block-recompute family's caps depend
-        on its k: its candidates are bounded without them (_reach_block screens them)."""
+        all at once: Bounds.children); those that cannot fit are pruned by memory here. Those
+        the margin rules out, or whose bound it raises, are set aside under their bound
+        without it (_spill). A block-recompute family's caps depend on its k: its candidates
+        are bounded without them (_reach_block screens them)."""
         fam, usd_h = cell.family, cell.usd_hour
         if self._dominated(cell.step_lb, fam.base.world_size, usd_h, fam.peak_lb):
             self.res.pruned_dominated += cell.count
@@ -476,7 +482,7 @@ class _BestFirst:
                          for b, (vpp, z, groups) in zip(bounds.tolist(), rows)])
             return
         # set aside child by child, unless the whole cell was (_capped_cell)
-        spill = self.tight_heap is not None and not self.tight_phase and not cell.spilled
+        spill = self._setting_aside() and not cell.spilled
         margins = (True, False) if spill else (self.with_margin,)
         rows, (_, capped, *without) = self.bounds.children(fam.base, fam.tk, cell.orders, fam.vpps, fam.zeros,
                                                            [self.rooms.rooms_of(fam, m) for m in margins])

@@ -40,6 +40,7 @@ class Bounds:
         self._hop_min: dict = {}
         self._dense: dict = {}
         self._hop_arrays: dict = {}
+        self._moe_only: dict = {}
 
     def layer_costs(self, s: Strategy, tk: Strategy, group_name: str) -> tuple[float, float]:
         """(dense, MoE) seconds per layer and micro-batch on this group: compute + TP (+ EP);
@@ -161,10 +162,7 @@ class Bounds:
             return float("inf")
         if p == 1:
             return m * max(f_min + e_single, units / S + e_single)
-        hk = (tk, per, names)
-        hop = self._hop_min.get(hk)
-        if hop is None:
-            hop = self._hop_min[hk] = 2 * min(self.least_hop(s, x, y, per) for x in names for y in names)
+        hop = self._least_hop_of(s, names, per)
         T = max(f_min + hop, units / S + hop)
         W = least + emb + out + p * hop
         return m * T + min(W - T, (W - T) / vmax)     # the bubble at vpp 1 or at the most virtual stages
@@ -215,7 +213,7 @@ class Bounds:
             bound = m * max(f_max + e, units / S + e) + after
             return [bound] * (1 + len(rooms))
         emb, out = min(e[0] for e in ends), min(e[1] for e in ends)
-        hop = self._least_hop_of(s, names)
+        hop = self._least_hop_of(s, names, s.gpus_per_stage)
         mixed = self._n_dense_mixed()
         per_v = []
         for v in vpps:
@@ -350,23 +348,23 @@ class Bounds:
                                + tail).reshape(-1) for t in Ts]
         return rows, bounds
 
-    def _least_hop_of(self, s: Strategy, names: tuple) -> float:
-        """Twice the cheapest PP hop between any two of these groups (cell_bounds; cached by
-        what least_hop reads)."""
-        key = (s.seq_length, s.cp, s.micro_batch_size, s.tp, s.sp, s.gpus_per_stage, names)
-        got = self._hop_arrays.get(key)
+    def _least_hop_of(self, s: Strategy, names: tuple, per: int) -> float:
+        """Twice the cheapest PP hop between any two of these groups for stages of `per` GPUs
+        (family and cell bounds; cached by what least_hop reads)."""
+        key = (s.seq_length, s.cp, s.micro_batch_size, s.tp, s.sp, per, names)
+        got = self._hop_min.get(key)
         if got is None:
-            got = self._hop_arrays[key] = 2 * min(self.least_hop(s, x, y) for x in names for y in names)
+            got = self._hop_min[key] = 2 * min(self.least_hop(s, x, y, per) for x in names for y in names)
         return got
 
     def moe_only(self, p: int, v: int) -> np.ndarray:
         """Per pipeline rank, whether no dense layer can reach it (dense_ranks; a model with
         both kinds), as a bool array (cached)."""
-        key = ("mask", p, v)
-        got = self._dense.get(key)
+        key = (p, v)
+        got = self._moe_only.get(key)
         if got is None:
             reach = self.dense_ranks(p, v)
-            got = self._dense[key] = np.array([r not in reach for r in range(p)])
+            got = self._moe_only[key] = np.array([r not in reach for r in range(p)])
         return got
 
     def _hops(self, s: Strategy, names: tuple) -> tuple[np.ndarray, np.ndarray]:

@@ -229,6 +229,7 @@ def stage_rooms(model: ModelSpec, cluster: ClusterSpec, s: Strategy, names, dens
     act_fixed, kept = terms.activations(s, act_key)
     ends = [_ALONE] if p == 1 else [_SHAPES[0]] + [_SHAPES[1]] * (p - 2) + [_SHAPES[2]]
     flight = terms.flight(s)
+    # stage_fixed_bytes_parts, its state and activation parts cached apart (RoomTerms)
     fixed = np.array([st_fixed[e] + act_fixed[e][0] for e in ends]) + np.array([act_fixed[e][1] for e in ends]) * flight
     alloc = terms.alloc(s, act_key, tuple(names), with_margin)
     states = np.array([st_layer[g] for g in names])
@@ -253,16 +254,15 @@ def stage_rooms(model: ModelSpec, cluster: ClusterSpec, s: Strategy, names, dens
     return StageRooms(room, moe_room, per, fixed)
 
 
-def fit_rows(model: ModelSpec, rooms: StageRooms, gi: np.ndarray, v):
+def fit_rows(model: ModelSpec, rooms: StageRooms, gi: np.ndarray, v: int):
     """(most layers each stage can hold, whether they may fit) of stage orders at once: gi
-    (orders x ranks) the row of `rooms` each rank's group has, v the vpp (an int or one per
-    order). They may fit only if every rank holds >= vpp layers, all ranks hold the model's
-    layers, and (both kinds) its MoE layers."""
+    (orders x ranks) the row of `rooms` each rank's group has, v the vpp. They may fit only if
+    every rank holds >= vpp layers, all ranks hold the model's layers, and (both kinds) its
+    MoE layers."""
     p = gi.shape[1]
     ranks = np.arange(p)
-    v = np.asarray(v)
     n_max = rooms.room[gi, ranks]
-    fits = (n_max >= (v[:, None] if v.ndim else v)).all(axis=1) & (n_max.sum(axis=1) >= model.num_layers)
+    fits = (n_max >= v).all(axis=1) & (n_max.sum(axis=1) >= model.num_layers)
     if rooms.moe_room is not None:
         fits &= rooms.moe_room[gi, ranks].sum(axis=1) + p * (v - 1) >= model.num_moe_layers
     return n_max, fits

@@ -151,7 +151,11 @@ def _exact_max_layers(model: ModelSpec, cluster: ClusterSpec, s: Strategy, prob:
     return out
 
 
-@lru_cache(maxsize=1 << 16)
+# Verdicts _rank_fits keeps (a few thousand per search; a bound on memory across searches).
+_RANK_FITS_CACHED = 1 << 16
+
+
+@lru_cache(maxsize=_RANK_FITS_CACHED)
 def _rank_fits(model: ModelSpec, s: Strategy, i: int, n: int, gpu, safe: bool) -> bool:
     """Whether rank i of s (no split, no placement) fits n layers on `gpu`, the other ranks at
     vpp layers (they keep its range inside the model), with the margin when `safe`: a pure
