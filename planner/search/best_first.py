@@ -29,8 +29,8 @@ from ..specs.model import ModelSpec
 from ..strategy import Strategy
 from .bounds import Bounds
 from .family_screen import FamilyScreen, merged
-from .entries import (BLOCK, CAND, CELL, DEFERRED, FAMILY, REQUEUED, Cell, Child, Family, FamilySpec, Layouts,
-                      Pending, QueuedFamily, Requeued, child_strategy, entry_count, family_of)
+from .entries import (BLOCK, CAND, CELL, DEFERRED, FAMILY, REQUEUED, Cell, Child, Family, FamilySpec, FamilySpecs,
+                      Layouts, Pending, QueuedFamily, Requeued, child_strategy, entry_count, family_of)
 from .families import Families, screen_half
 from .helper import Helper
 from .objective import check_objective, dominates, figures, usd_per_million_tokens
@@ -132,7 +132,7 @@ class _BestFirst:
         self.priced_cluster = cluster.is_priced
         # the families (_queue_families): the screen, every spec, and those memory ruled out
         self.screen: FamilyScreen | None = None
-        self.specs: list = []
+        self.specs = FamilySpecs()
         # bounds of families (spec index ->) and of their floor classes (_floor_lb's key ->)
         self.family_lbs: dict = {}
         self.floor_lbs: dict = {}
@@ -232,18 +232,16 @@ class _BestFirst:
                                                                                        self.o, 1)))
         split = self.helper is not None
         here, there = [], []     # the groups screened here ((first spec index, families)) / there
-        for part, pp, dp, m, names, rows, specs in self.families.groups():
-            at = (len(self.specs), len(specs))
-            self.specs.extend(specs)
-            args = (pp, dp, m, names, rows)
+        for g in self.families.groups():
+            at = self.specs.add(g.specs)
             if split:
-                self.group_args.append(args)   # every group, in order (_peaks screens them again)
-            if split and part == 1:
-                there.append((at, args))
+                self.group_args.append(g.screen_args)   # every group, in order (_peaks screens them again)
+            if split and g.part == 1:
+                there.append((at, g.screen_args))
             else:
-                screen.add_group(*args)
+                screen.add_group(*g.screen_args)
                 here.append(at)
-        self.res.candidates = sum(spec.candidates for spec in self.specs)
+        self.res.candidates = int(self.specs.candidates.sum())
         got = screen.run()
         if split:
             theirs = self.helper.screened()
@@ -318,7 +316,7 @@ class _BestFirst:
         self.heap.extend(entries)
         heapq.heapify(self.heap)
         self.unfit = np.flatnonzero(~may_fit)
-        res.pruned_memory += sum(specs[i].candidates for i in self.unfit)
+        res.pruned_memory += int(specs.candidates[self.unfit].sum())
 
     # ---- 2. best first ---------------------------------------------------------------------------
 

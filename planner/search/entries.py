@@ -3,8 +3,11 @@ carry until they are reached, and the kinds that say which one a queue entry hol
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from dataclasses import dataclass
 from typing import NamedTuple
+
+import numpy as np
 
 from ..specs.cluster import ClusterSpec
 from ..strategy import Strategy
@@ -66,6 +69,61 @@ class FamilySpec(NamedTuple):
     lkey: tuple                    # (GPUs per stage, pp): the key of its Layouts
     candidates: int
     m: int                         # micro-batches
+
+
+class GroupSpecs(NamedTuple):
+    """The FamilySpecs of one group of families (one degrees and micro-batch), each built when
+    asked: a search enumerates 10^5-10^6 families in 10^4-10^5 groups and reaches a few percent."""
+    kinds: tuple                   # per family: (cls, floor, block, vpps, candidates per stage order)
+    pp: int
+    dp: int
+    lkey: tuple
+    m: int
+    n_orders: int                  # stage orders of its pipeline shape
+    per_order: np.ndarray          # candidates per stage order of each family (shared by its kinds)
+
+    def spec(self, j: int) -> FamilySpec:
+        cls, floor, block, vpps, per_order = self.kinds[j]
+        return FamilySpec(cls, floor, self.pp, self.dp, block, vpps, self.lkey, per_order * self.n_orders, self.m)
+
+
+class FamilySpecs:
+    """A search's families in the order enumerated, group by group: family i is
+    specs[i] (a FamilySpec built on demand) and `candidates` each one's count (numpy)."""
+
+    def __init__(self):
+        self._groups: list = []
+        self._starts: list = []
+        self._n = 0
+        self._counts = None
+
+    def add(self, group: GroupSpecs) -> tuple[int, int]:
+        """Append a group's families: (index of its first, how many)."""
+        at = (self._n, len(group.kinds))
+        self._groups.append(group)
+        self._starts.append(self._n)
+        self._n += len(group.kinds)
+        self._counts = None
+        return at
+
+    def __len__(self) -> int:
+        return self._n
+
+    def __getitem__(self, i: int) -> FamilySpec:
+        g = bisect_right(self._starts, i) - 1
+        return self._groups[g].spec(i - self._starts[g])
+
+    @property
+    def candidates(self) -> np.ndarray:
+        """(F,) candidates each family stands for."""
+        if self._counts is None:
+            if not self._groups:
+                self._counts = np.zeros(0, dtype=np.int64)
+            else:
+                per = np.concatenate([g.per_order for g in self._groups])
+                orders = np.repeat([g.n_orders for g in self._groups], [len(g.kinds) for g in self._groups])
+                self._counts = per.astype(np.int64) * orders
+        return self._counts
 
 
 class QueuedFamily(NamedTuple):

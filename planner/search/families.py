@@ -6,12 +6,16 @@ process computes when a search splits it (screen_half)."""
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
+import numpy as np
+
 from ..estimate import time_key
 from ..specs.cluster import ClusterSpec
 from ..specs.model import ModelSpec
 from ..strategy import Strategy
 from .bounds import Bounds
-from .entries import FamilySpec, Layouts, TimeClass
+from .entries import GroupSpecs, Layouts, TimeClass
 from .family_screen import FamilyScreen
 from .objective import usd_per_hour
 from .space import (SearchOptions, enumerate_space, execution_of, family_groups, layer_executions, stage_layouts,
@@ -21,6 +25,23 @@ from .space import (SearchOptions, enumerate_space, execution_of, family_groups,
 # the helper process (queueing that many takes about a second: Mixtral 8x22B's 19,840 on 256 H100
 # 1.0 s, DeepSeek-V3's 185,934 on mixed-512 6.6 s; Llama 3.1 405B's 3,992 0.2 s).
 SPLIT_SCREEN_FAMILIES = 15_000
+
+
+class FamilyGroup(NamedTuple):
+    """The families of one degrees and micro-batch as Families.groups yields them."""
+    part: int                      # 0 or 1: the half of a split screen it belongs to
+    pp: int
+    dp: int
+    m: int                         # micro-batches
+    names: tuple                   # the node groups its stage layouts use
+    rows: tuple                    # its families as FamilyScreen.add_group takes them
+    rows_key: int                  # names rows (the same key, the same rows)
+    specs: GroupSpecs
+
+    @property
+    def screen_args(self) -> tuple:
+        """FamilyScreen.add_group's arguments."""
+        return self.pp, self.dp, self.m, self.names, self.rows, self.rows_key
 
 
 class Families:
@@ -54,21 +75,20 @@ class Families:
         return self.layouts[lkey].n_orders
 
     def groups(self):
-        """family_groups with each family's time class: per group of families (one degrees and
-        micro-batch), (part, pp, dp, m, names, rows, specs): rows as FamilyScreen.add_group takes
-        them, specs their FamilySpecs, part 0 or 1 alternating over (tp, cp, ep, etp, mbs) in
+        """family_groups with each family's time class, per group of families (one degrees and
+        micro-batch): FamilyGroup, rows as FamilyScreen.add_group takes them (rows_key naming
+        them), specs their GroupSpecs, part 0 or 1 alternating over (tp, cp, ep, etp, mbs) in
         order of first appearance (the halves of a screen split between two processes; each
-        half builds its own activation tables, keyed by those). A family is a tuple until it is
-        reached; its Strategy is built from its time class's."""
+        half builds its own activation tables, keyed by those). A family is a row of its group
+        until it is reached; its Strategy is built from its time class's."""
         model, o = self.model, self.o
         execution = execution_of(model, o, self.cluster)
         shared_overlap = execution.pop("moe_shared_expert_overlap")
         # (tp, cp, ep, etp, mbs, time class) -> (TimeClass, an int naming it: the screen keys its
         # tables by it, hashing the class 10^6 times was a third of the enumeration)
         classes: dict = {}
-        # (tp, cp, ep, etp, mbs) -> per layer execution (family_groups' i): (TimeClass, int, its
-        # floor's TimeClass, int)
-        kinds_of: dict = {}
+        # (tp, cp, ep, etp, mbs, family_groups' fams_id) -> (rows, rows_key, kinds, per_order)
+        made: dict = {}
         parts: dict = {}
 
         def time_class(tp, cp, ep, etp, mbs, kind) -> tuple[TimeClass, int]:
@@ -83,24 +103,29 @@ class Families:
                 got = classes[ckey] = (TimeClass(ts, time_key(ts)), len(classes))
             return got
 
-        for tp, cp, pp, dp, ep, etp, mbs, m, fams in family_groups(model, self.cluster, o, self.layouts_of):
-            lkey = (tp * cp * dp, pp)
-            dkey = (tp, cp, ep, etp, mbs)
-            of = kinds_of.get(dkey)
-            if of is None:
-                of = kinds_of[dkey] = {}
-                parts[dkey] = len(parts) % 2
-            rows, specs = [], []
-            for k, kind, vh, count in fams:
-                got = of.get(k)
-                if got is None:
-                    cls, cid = time_class(tp, cp, ep, etp, mbs, kind.time_class)
-                    got = of[k] = (cls, cid, *time_class(tp, cp, ep, etp, mbs, kind.floor))
-                cls, cid, floor, floor_id = got
+        def group_rows(dkey, fams) -> tuple:
+            rows, kinds = [], []
+            for _, kind, vh, per_order in fams:
+                cls, cid = time_class(*dkey, kind.time_class)
+                floor, floor_id = time_class(*dkey, kind.floor)
                 # the bytes a GPU can allocate are the same without recompute: keyed by the floor
                 rows.append((cls.base, cid, floor_id, kind.block, max(vh)))
-                specs.append(FamilySpec(cls, floor, pp, dp, kind.block, vh, lkey, count, m))
-            yield parts[dkey], pp, dp, m, self.layouts[lkey].names, rows, specs
+                kinds.append((cls, floor, kind.block, vh, per_order))
+            return tuple(rows), len(made), tuple(kinds), np.array([per_order for *_, per_order in fams])
+
+        for tp, cp, pp, dp, ep, etp, mbs, m, n_orders, fams, fams_id in family_groups(model, self.cluster, o,
+                                                                                       self.layouts_of):
+            lkey = (tp * cp * dp, pp)
+            dkey = (tp, cp, ep, etp, mbs)
+            part = parts.get(dkey)
+            if part is None:
+                part = parts[dkey] = len(parts) % 2
+            got = made.get((dkey, fams_id))
+            if got is None:
+                got = made[dkey, fams_id] = group_rows(dkey, fams)
+            rows, rows_key, kinds, per_order = got
+            yield FamilyGroup(part, pp, dp, m, self.layouts[lkey].names, rows, rows_key,
+                              GroupSpecs(kinds, pp, dp, lkey, m, n_orders, per_order))
 
     def new_screen(self) -> FamilyScreen:
         """An empty family memory screen for these families (the search's ZeRO stages, margin)."""
@@ -121,7 +146,7 @@ def screen_half(model: ModelSpec, cluster: ClusterSpec, o: SearchOptions, part: 
     helper process computes for a search that splits its screen."""
     families = Families(model, cluster, o, Bounds(model, cluster), not o.allow_tight)
     screen = families.new_screen()
-    for p, pp, dp, m, names, rows, _ in families.groups():
-        if p == part:
-            screen.add_group(pp, dp, m, names, rows)
+    for g in families.groups():
+        if g.part == part:
+            screen.add_group(*g.screen_args)
     return screen.run()

@@ -114,8 +114,13 @@ class FamilyScreen:
         self.groups = tuple(g.name for g in cluster.node_groups)
         self._degrees, self._state, self._act, self._alloc = _Table(), _Table(), _Table(), _Table()
         self._points, self._flight, self._names = _Table(), _Table(), _Table()
+        # per key of add_group's families: activation rows and slacks, allocatable-bytes rows (by
+        # communicators), in-flight rows (by depth and micro-batches)
+        self._kinds: dict = {}
+        self._group_alloc: dict = {}
+        self._group_flight: dict = {}
         self._pending: list = []
-        self._ran: list = []
+        self._ran: tuple = _family_rows([], len(self.zeros))
 
     # -- tables --------------------------------------------------------------------------------
     def _state_row(self, s: Strategy, z: int) -> tuple:
@@ -183,52 +188,69 @@ class FamilyScreen:
         names its node groups."""
         self.add_group(pp, dp, m, names, [(ts, cls_key, cls_key, block, vmax)])
 
-    def add_group(self, pp: int, dp: int, m: int, names: tuple, families) -> None:
+    def add_group(self, pp: int, dp: int, m: int, names: tuple, families, key=None) -> None:
         """Families of one degrees, depth, data-parallel size, micro-batch count and node groups,
         in order: (ts, cls_key, alloc_key, block, vmax) each, as `add` takes them, alloc_key a key
-        of the class up to its recompute (the bytes a GPU can allocate do not depend on it). A
-        search adds 10^5-10^6 families in 10^4 groups; the tables miss for a few thousand."""
+        of the class up to its recompute (the bytes a GPU can allocate do not depend on it).
+        `key`, if given, names `families` (the same key, the same families): a search adds
+        10^5-10^6 families in 10^4-10^5 groups that share a few hundred such tuples, and their
+        table rows are looked up once per tuple (and depth, data-parallel size, micro-batches)."""
         ts = families[0][0]
         states, ncomm = self._degrees.rows[self._degrees.index((ts.tp, ts.cp, ts.ep, ts.etp, dp, pp > 1),
                                                                self._degrees_row, ts, pp, dp)]
         pi = self._points.index(pp, self._points_row, pp)
         ni = self._names.index(names, self._names_row, names)
-        act, alloc, flight = self._act.at, self._alloc.at, self._flight.at
-        pending = self._pending
-        for ts, cls_key, alloc_key, block, vmax in families:
-            # activations depend on neither the depth nor the data-parallel size
-            ai = act.get((cls_key, block))
-            if ai is None:
-                ai = self._act.index((cls_key, block), self._act_row, ts, block)
-            li = alloc.get((alloc_key, ncomm))
-            if li is None:
-                li = self._alloc.index((alloc_key, ncomm), self._alloc_row, ts, pp, dp)
-            fkey = (pp, m, ts.overlap_moe_expert_parallel_comm)
-            fi = flight.get(fkey)
-            if fi is None:
-                fi = self._flight.index(fkey, self._flight_row, ts, pp, dp)
-            pending.append((states, ai, li, pi, fi, ni, vmax - 1 if (self.uneven and not block) else 0))
+        kinds = self._kinds.get(key) if key is not None else None
+        if kinds is None:
+            kinds = self._kinds_row(families)
+            if key is not None:
+                self._kinds[key] = kinds
+        ai, slack, overlaps, with_overlap = kinds
+        li = self._group_alloc.get((key, ncomm)) if key is not None else None
+        if li is None:
+            # the bytes a GPU can allocate depend on neither the depth nor the data-parallel
+            # size beyond the NCCL communicators a rank opens
+            li = np.array([self._alloc.index((alloc_key, ncomm), self._alloc_row, f_ts, pp, dp)
+                           for f_ts, _, alloc_key, _, _ in families])
+            if key is not None:
+                self._group_alloc[key, ncomm] = li
+        # the micro-batches in flight depend on the depth, micro-batches and the EP overlap only:
+        # the rows without and with it (-1: no family of the group runs it)
+        flight = [-1, -1]
+        for on, f_ts in with_overlap:
+            flight[on] = self._flight.index((pp, m, on), self._flight_row, f_ts, pp, dp)
+        self._pending.append((states, pi, ni, ai, li, overlaps, *flight, slack))
+
+    def _kinds_row(self, families) -> tuple:
+        """What a group's families need beyond its depth and data-parallel size: their
+        activation rows, each one's slack of uneven virtual stages, whether each runs the EP
+        overlap, and ((overlap, a family's strategy) for each value present)."""
+        ai = [self._act.index((cls_key, block), self._act_row, f_ts, block) for f_ts, cls_key, _, block, _ in families]
+        slack = [vmax - 1 if (self.uneven and not block) else 0 for *_, block, vmax in families]
+        overlaps = [f_ts.overlap_moe_expert_parallel_comm for f_ts, *_ in families]
+        present = {on: families[overlaps.index(on)][0] for on in (False, True) if on in overlaps}
+        return np.array(ai), np.array(slack), np.array(overlaps, dtype=bool), tuple(present.items())
 
     def run(self, every_peak: bool = False) -> "Screened":
         """The verdicts of every family added since the last run, in order (Screened). The peak
         bound is computed for the families that may fit, with or without the margin (the search
         prunes dominated ones with it), nan for the others unless every_peak (see `peaks`)."""
-        rows, self._pending = self._pending, []
-        self._ran = rows
-        return self._run(rows, every_peak)
+        groups, self._pending = self._pending, []
+        self._ran = _family_rows(groups, len(self.zeros))
+        return self._run(self._ran, every_peak)
 
     def peaks(self, index) -> np.ndarray:
         """The peak-bytes lower bounds of the families at `index` of the last run (the search
         asks for those of families that cannot fit only when no plan fits)."""
-        return self._run([self._ran[i] for i in index], True).peak
+        return self._run(tuple(col[index] for col in self._ran), True).peak
 
-    def _run(self, rows: list, every_peak: bool) -> "Screened":
+    def _run(self, rows: tuple, every_peak: bool) -> "Screened":
         margins = (True, False) if self.with_margin else (False,)
-        fits = [np.zeros((len(rows), len(self.zeros)), bool) for _ in margins]
-        peak = np.full(len(rows), np.nan)
-        for lo in range(0, len(rows), _CHUNK):
-            part = list(zip(*rows[lo:lo + _CHUNK]))
-            got, peak[lo:lo + _CHUNK] = self._screen(*(np.array(c) for c in part), every_peak=every_peak,
+        n = len(rows[0])
+        fits = [np.zeros((n, len(self.zeros)), bool) for _ in margins]
+        peak = np.full(n, np.nan)
+        for lo in range(0, n, _CHUNK):
+            got, peak[lo:lo + _CHUNK] = self._screen(*(col[lo:lo + _CHUNK] for col in rows), every_peak=every_peak,
                                                      margins=margins)
             for fit, g in zip(fits, got):
                 fit[lo:lo + _CHUNK] = g
@@ -299,6 +321,25 @@ class FamilyScreen:
             moe_room = np.maximum(np.floor((free / per_kind[:, :, :, _MOE]).max(axis=2)), 0)
             fit &= (m3 * np.minimum(moe_room + sl, n_moe)).sum(axis=2) >= n_moe
         return fit
+
+
+def _family_rows(groups: list, n_zeros: int) -> tuple:
+    """add_group's records as the screen's columns, one row per family: (si (F, Z), ai, li, pi,
+    fi, ni, slack)."""
+    if not groups:
+        none = np.zeros(0, np.int64)
+        return np.zeros((0, n_zeros), np.int64), none, none, none, none, none, none
+    sizes = [len(g[3]) for g in groups]
+
+    def each(k):
+        return np.repeat(np.array([g[k] for g in groups], dtype=np.int64), sizes, axis=0)
+
+    def joined(k, dtype=np.int64):
+        return np.concatenate([g[k] for g in groups]).astype(dtype)
+
+    si = each(0).reshape(sum(sizes), n_zeros)
+    fi = np.where(joined(5, bool), each(7), each(6))
+    return si, joined(3), joined(4), each(1), fi, each(2), joined(8)
 
 
 def merged(n: int, here: list, mine, there: list, theirs) -> Screened:

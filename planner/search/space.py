@@ -445,45 +445,64 @@ def zero_options(o: SearchOptions) -> list[int]:
 
 def family_groups(model: ModelSpec, cluster: ClusterSpec, o: SearchOptions, layouts_of):
     """Every family of the space, grouped by what they share: (tp, cp, pp, dp, ep, etp, mbs,
-    micro-batches, [(i, LayerExecution, vpps, candidates), ...]), one entry per degrees and
-    micro-batch with its layer executions, i each one's place in layer_executions(model, o, ep)
-    (10^5 families in 10^4 groups: the search handles a group's families together).
-    `layouts_of(per_stage, pp)` gives the stage orders a pipeline of that shape has under o's
-    GPU budget (0: none)."""
+    micro-batches, stage orders, fams, fams_id), one entry per degrees and micro-batch, fams its
+    layer executions [(i, LayerExecution, vpps, candidates per stage order), ...], i each one's
+    place in layer_executions(model, o, ep), fams_id an int naming fams (the same int, the same
+    tuple: 10^5-10^6 families in 10^4-10^5 groups share a few hundred, and the search handles
+    a group's families together). `layouts_of(per_stage, pp)` gives the stage orders a pipeline
+    of that shape has under o's GPU budget (0: none)."""
     fixed = dict(o.fixed)
     L = model.num_layers
     mbs_opts = [fixed["mbs"]] if "mbs" in fixed else list(MICRO_BATCHES)
     n_zero = len(zero_options(o))
     vpp_opts = [fixed["vpp"]] if "vpp" in fixed else list(VPP_CHOICES)
-    kinds_of = {}
+    kinds_of: dict = {}
+    # (pp, m % pp == 0) -> the vpps of a group's families, and of its block families
+    vpps_of: dict = {}
+    # (ep, vpps, block vpps, pp > 1) -> (fams, fams_id): what a group's layer executions depend on
+    templates: dict = {}
+
+    def vpps_for(pp: int, m: int) -> tuple:
+        vpps = tuple(v for v in vpp_opts
+                     if v == 1 or (pp >= 2 and m % pp == 0 and "interleaved" in o.schedules
+                                   and L >= pp * v and (o.uneven_chunks or L % v == 0)))
+        # a block family is bounded as if nothing were recomputed (its candidates add the
+        # recompute of their k layers per chunk); its chunks stay even
+        return vpps, tuple(v for v in vpps if L % v == 0 and L // pp // v >= 2)
+
+    def template(ep: int, vpps: tuple, block_vpps: tuple, piped: bool) -> tuple:
+        kinds = kinds_of.get(ep)
+        if kinds is None:
+            kinds = kinds_of[ep] = layer_executions(model, o, ep)
+        fams = []
+        for i, kind in enumerate(kinds):
+            vh = vpps
+            if kind.block:
+                vh = block_vpps
+            elif kind.ep_overlap and piped:
+                vh = tuple(v for v in vpps if v > 1)   # Megatron: a virtual pipeline when pp > 1
+            if vh:
+                fams.append((i, kind, vh, len(vh) * n_zero))
+        return tuple(fams), len(templates)
+
     for tp, cp, pp, dp, ep, etp in enumerate_space(model, cluster, o):
         n_orders = layouts_of(tp * cp * dp, pp)
         if not n_orders:
             continue
-        kinds = kinds_of.get(ep)
-        if kinds is None:
-            kinds = kinds_of[ep] = layer_executions(model, o, ep)
         for mbs in mbs_opts:
             if o.global_batch_size % (mbs * dp):
                 continue
             m = o.global_batch_size // (mbs * dp)
-            vpps = tuple(v for v in vpp_opts
-                         if v == 1 or (pp >= 2 and m % pp == 0 and "interleaved" in o.schedules
-                                       and L >= pp * v and (o.uneven_chunks or L % v == 0)))
-            fams = []
-            for i, kind in enumerate(kinds):
-                vh = vpps
-                if kind.block:
-                    # a block family is bounded as if nothing were recomputed (its candidates add
-                    # the recompute of their k layers per chunk); its chunks stay even
-                    vh = tuple(v for v in vpps if L % v == 0 and L // pp // v >= 2)
-                elif kind.ep_overlap and pp > 1:
-                    vh = tuple(v for v in vpps if v > 1)   # Megatron: a virtual pipeline when pp > 1
-                count = n_orders * len(vh) * n_zero
-                if count:
-                    fams.append((i, kind, vh, count))
-            if fams:
-                yield tp, cp, pp, dp, ep, etp, mbs, m, fams
+            vkey = (pp, m % pp == 0)
+            vh = vpps_of.get(vkey)
+            if vh is None:
+                vh = vpps_of[vkey] = vpps_for(pp, m)
+            tkey = (ep, *vh, pp > 1)
+            got = templates.get(tkey)
+            if got is None:
+                got = templates[tkey] = template(ep, *vh, pp > 1)
+            if got[0] and n_zero:
+                yield tp, cp, pp, dp, ep, etp, mbs, m, n_orders, *got
 
 
 def space_worlds(model: ModelSpec, cluster: ClusterSpec, o: SearchOptions) -> dict[int, int]:
@@ -496,7 +515,7 @@ def space_worlds(model: ModelSpec, cluster: ClusterSpec, o: SearchOptions) -> di
         return cache[per, pp]
 
     out: dict = {}
-    for tp, cp, pp, dp, *_, fams in family_groups(model, cluster, o, layouts_of):
+    for tp, cp, pp, dp, *_, n_orders, fams, _ in family_groups(model, cluster, o, layouts_of):
         world = tp * cp * pp * dp
-        out[world] = out.get(world, 0) + sum(count for *_, count in fams)
+        out[world] = out.get(world, 0) + n_orders * sum(per_order for *_, per_order in fams)
     return out
