@@ -221,7 +221,7 @@ def _assert_margin_screens(model, cluster, s, e, uneven, budget):
     never rule out a strategy every stage of which fits with margin."""
     if not _fits_with_margin(e):
         return
-    bounds = Bounds(model, cluster)
+    bounds = Bounds(model, cluster, uneven)
     may_fit, n_max, _ = memory_screen(model, cluster, s, uneven=uneven, dense_reach=bounds.dense_ranks(s.pp, s.vpp),
                                        with_margin=True)
     assert may_fit, s
@@ -243,7 +243,7 @@ def _assert_margin_screens(model, cluster, s, e, uneven, budget):
 
 def _check(model, cluster, budget, s, e, uneven):
     """Every bound of test_search's brute force, for one priced strategy."""
-    bounds = Bounds(model, cluster)
+    bounds = Bounds(model, cluster, uneven)
     if s.recompute_num_layers is None:
         assert_bounds(bounds, cluster, s, s, e, budget=budget)
     else:   # a block-recompute candidate: the plain costs plus its recompute (block_candidate)

@@ -20,7 +20,7 @@ from planner.search.minmax import mixed_count_minmax, mixed_floor
 from planner.search.planner import (MICRO_BATCHES, VPP_CHOICES, GpuBudget, SearchOptions, enumerate_space, search,
                                     stage_layouts)
 from planner.search.results import Plans
-from planner.search.screen import RoomTerms, memory_screen, stage_rooms
+from planner.search.screen import RoomTerms, StageRooms, memory_screen, stage_rooms
 from planner.search.space import execution_of, layer_executions
 from planner.search.split import initial_split, with_split
 from planner.search.sweep import run_one
@@ -182,7 +182,7 @@ def assert_peak_bounds(model, cluster, s, e, uneven, budget=GpuBudget()):
     bytes of any GPU, for the candidate (any split) and for its whole family (any vpp, ZeRO
     stage and placement); both hold whether or not the strategy fits."""
     peak = max(m.total for m in e.memory)
-    bounds = Bounds(model, cluster)
+    bounds = Bounds(model, cluster, uneven)
     reach = bounds.dense_ranks(s.pp, s.vpp)   # MoE-only ranks get an MoE layer's bytes
     may_fit, n_max, peak_lb = memory_screen(model, cluster, s, uneven=uneven, dense_reach=reach)
     assert peak_lb <= peak * (1 + 1e-12), s
@@ -230,7 +230,7 @@ def _brute_force(model, cluster, o):
 
 
 def brute_force_run(model, cluster, o):
-    best, n_fit, n_all, bounds = None, 0, 0, Bounds(model, cluster)
+    best, n_fit, n_all, bounds = None, 0, 0, Bounds(model, cluster, o.uneven_chunks)
     fitting = []
     for s in _space(model, cluster, o):
         try:
@@ -721,6 +721,32 @@ def test_mixed_count_minmax_never_exceeds_the_least_slowest_stage():
             stages[(a, e, cap)] = stages.get((a, e, cap), 0) + 1
         lo = max(e for _, e, _ in rows)
         assert mixed_count_minmax(stages, L, n_dense, lo) <= best * (1 + 1e-12), (rows, dense, L, n_dense)
+
+
+def test_even_chunks_count_whole_layers_vpp_at_a_time():
+    """Without uneven chunks every rank holds a multiple of vpp layers (check_structure): 12
+    layers on 4 stages at vpp 2 put 4 on some stage, not 3, and the bounds that count whole
+    layers know it. The candidate and cell-children bounds rise, and stay at most the estimate
+    of every split the search can price."""
+    model = _model("deep-12", 12, 4096, 32, 14336, True)
+    s = Strategy(tp=2, pp=4, dp=1, vpp=2, schedule="interleaved", micro_batch_size=1, global_batch_size=16,
+                 seq_length=2048, sequence_parallel=True, zero_stage=1, overlap_grad_reduce=True,
+                 overlap_param_gather=True)
+    tk, groups = time_key(s), ("h100",) * 4
+    even, uneven = Bounds(model, HOMOGENEOUS, uneven_chunks=False), Bounds(model, HOMOGENEOUS)
+    assert even.layer_multiple(2) == 2 and uneven.layer_multiple(2) == 1
+    low, high = uneven.candidate(s, tk, groups, (12,) * 4), even.candidate(s, tk, groups, (12,) * 4)
+    assert high > low * (1 + 1e-6)
+    # the same caps through the cell's children (count_floor_rows, two layers at a time)
+    rooms = {"h100": 0}
+    room = StageRooms(room=np.full((1, 4), 12), moe_room=None, per=None, fixed=None)
+    _, (_, [child]) = even.children(s, tk, (groups,), (2,), (1,), [lambda v, z: (rooms, room)])
+    _, (_, [loose]) = uneven.children(s, tk, (groups,), (2,), (1,), [lambda v, z: (rooms, room)])
+    assert child > loose * (1 + 1e-6)
+    splits = list(_splits(12, 4, 2, uneven=False))
+    assert (3, 3, 3, 3) not in splits and len(splits) == 10
+    least = min(estimate(model, HOMOGENEOUS, with_split(s, split)).step_time_s for split in splits)
+    assert max(high, child) <= least * (1 + 1e-9)
 
 
 @pytest.mark.parametrize("freq", [[0, 1, 1, 1, 1, 1, 1, 1], [0, 0, 0, 1, 1, 1, 1, 1], [1, 0, 1, 0, 1, 0, 1, 0],

@@ -122,7 +122,7 @@ class _BestFirst:
                                      f"({model.max_position_embeddings}); launches set --max-position-embeddings "
                                      f"{o.seq_length}. Past its trained length a RoPE model needs rope scaling "
                                      "(--use-rope-scaling --rope-scaling-factor) or a long-context stage")
-        self.bounds = Bounds(model, cluster)
+        self.bounds = Bounds(model, cluster, o.uneven_chunks)
         self.heap: list = []   # (objective bound, tie, kind, payload)
         self.tie = itertools.count()
         self.families = Families(model, cluster, o, self.bounds, self.with_margin)

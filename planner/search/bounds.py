@@ -28,8 +28,12 @@ from .screen import fit_rows
 class Bounds:
     """Per-layer and per-stage costs shared by many candidates (cached by time key and group)."""
 
-    def __init__(self, model: ModelSpec, cluster: ClusterSpec):
+    def __init__(self, model: ModelSpec, cluster: ClusterSpec, uneven_chunks: bool = True):
         self.model, self.cluster = model, cluster
+        # whether a rank's layers need not divide by its vpp (the search's uneven_chunks): else
+        # every stage holds a multiple of vpp layers (check_structure), and the whole-layer
+        # bounds count layers vpp at a time
+        self.uneven_chunks = uneven_chunks
         self._layer: dict = {}
         self._extra: dict = {}
         self._pp: dict = {}
@@ -235,13 +239,21 @@ class Bounds:
                 for z, after_z in zip(zeros, afters):
                     row_of, held = room_of(v, z)
                     held = held[[row_of[g] for g in names]]
-                    Tc = max(T, count_floor_groups(floor, e, counts, held, self.model.num_layers))
+                    # q layers at a time: a stage holds q j layers where its ranks hold that many
+                    q = self.layer_multiple(v)
+                    Tc = max(T, count_floor_groups(q * floor, e, counts, held[:, q - 1::q],
+                                                   -(-self.model.num_layers // q)))
                     if mixed is not None:
                         Tc = max(Tc, count_floor_groups(moe, e, counts, held, self.model.num_layers - mixed))
                     if Tc < float("inf"):
                         best = min(best, (m - 1.0 / v) * Tc + W + after_z)
             out_bounds.append(best)
         return out_bounds
+
+    def layer_multiple(self, v: int) -> int:
+        """The number every stage's layer count is a multiple of at vpp v: v with even chunks
+        (Megatron's --num-virtual-stages-per-pipeline-rank), else 1."""
+        return 1 if self.uneven_chunks else v
 
     def _n_dense_mixed(self) -> int | None:
         """The model's dense layers when it has both kinds (the mixed floor applies), else None."""
@@ -334,14 +346,17 @@ class Bounds:
                     row_of, got = room_of(vpp, z)
                     caps[:, k, j], fits[:, k, j] = fit_rows(self.model, got, np.array([row_of[g] for g in names])[gi],
                                                             vpp)
-            caps = caps.reshape(-1, p)
-            ez = np.repeat(e[:, :, None, :], n_z, axis=2).reshape(-1, p)
-            Tc = np.maximum(Ts[0].reshape(-1), count_floor_rows(np.repeat(F, n_v * n_z, axis=0), ez, caps,
-                                                                  self.model.num_layers))
-            if mixed is not None:
-                Tc = np.maximum(Tc, count_floor_rows(np.repeat(moe[gi], n_v * n_z, axis=0), ez, caps,
-                                                     self.model.num_layers - mixed))
-            Ts.append(np.where(fits.reshape(-1), Tc, np.inf).reshape(n_orders, n_v, n_z))
+            Tc = np.empty((n_orders, n_v, n_z))
+            for k, vpp in enumerate(vpps):   # rows (orders, zeros) of each vpp
+                q = self.layer_multiple(vpp)
+                ck = caps[:, k].reshape(-1, p) // q     # a stage's layers come q at a time
+                ek = np.repeat(e[:, k, :], n_z, axis=0)
+                t = count_floor_rows(q * np.repeat(F, n_z, axis=0), ek, ck, -(-self.model.num_layers // q))
+                if mixed is not None:
+                    t = np.maximum(t, count_floor_rows(np.repeat(moe[gi], n_z, axis=0), ek, q * ck,
+                                                       self.model.num_layers - mixed))
+                Tc[:, k] = t.reshape(n_orders, n_z)
+            Ts.append(np.where(fits, np.maximum(Ts[0], Tc), np.inf))
         vz = vv[None, :, None]
         with np.errstate(invalid="ignore"):   # 0 x inf: one micro-batch at vpp 1, a candidate that cannot fit
             bounds = [np.where(np.isinf(t), np.inf, (m * t if p == 1 else (m - 1.0 / vz) * t + W[:, :, None] / vz)
@@ -404,8 +419,9 @@ class Bounds:
         moe_stages: dict = {}   # for the mixed count bound: (an MoE layer's seconds, fixed, most layers)
         W = least
         B, saves = [], []     # for the mixed floor: stage cost at v MoE layers, a dense layer's saving
+        q = self.layer_multiple(v)
         for i, (g, e) in enumerate(zip(groups, self._stage_extras(s, tk, groups, extra_s))):
-            n_cap = L if max_layers is None else max_layers[i]
+            n_cap = L if max_layers is None else max_layers[i] - max_layers[i] % q
             cap = float("inf") if max_layers is None else n_cap * w["unit_max"]
             key = (w["rate"][g], w["floor"][g], e, cap, n_cap)
             stages[key] = stages.get(key, 0) + 1
@@ -414,7 +430,12 @@ class Bounds:
             W += e
             B.append(v * w["moe"][g] + e)
             saves.append(w["dense_saves"][g])
-        T = max(relaxed_minmax(stages, w["units"], v), integer_minmax(stages, L, v))
+        # whole layers, q at a time: a stage holds n_cap // q blocks of q layers of q f seconds
+        blocks: dict = {}
+        for (r, f, e, cap, n_cap), k in stages.items():
+            bkey = (r, q * f, e, cap, n_cap // q)
+            blocks[bkey] = blocks.get(bkey, 0) + k
+        T = max(relaxed_minmax(stages, w["units"], v), integer_minmax(blocks, -(-L // q), -(-v // q)))
         mixed = self._n_dense_mixed()
         if mixed is not None:
             reach = self.dense_ranks(p, v)

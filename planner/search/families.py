@@ -144,7 +144,7 @@ class Families:
 def screen_half(model: ModelSpec, cluster: ClusterSpec, o: SearchOptions, part: int):
     """The family screen (Screened) of the groups of one part (Families.groups): what the
     helper process computes for a search that splits its screen."""
-    families = Families(model, cluster, o, Bounds(model, cluster), not o.allow_tight)
+    families = Families(model, cluster, o, Bounds(model, cluster, o.uneven_chunks), not o.allow_tight)
     screen = families.new_screen()
     for g in families.groups():
         if g.part == part:
