@@ -1000,6 +1000,39 @@ def test_the_helper_prices_a_candidate_as_the_search_does():
          here_effects.warnings)
 
 
+def test_the_search_prices_the_next_candidate_while_the_helper_prices_one():
+    """The helper is never handed the search's own next entry (it would wait for it idle), and
+    while it prices a candidate the search needs, the search prices the next one pending itself
+    (Helper.take's `price`): each result is then taken as priced_apart gives it."""
+    from planner.search.helper import Helper
+    from planner.search.pricing import priced_apart
+
+    o = replace(OPTIONS, top=3, jobs=2)
+    cands = [e.strategy for e in search(MODEL, MIXED, replace(o, jobs=1)).priced_estimates[:2]]
+
+    def price(x):
+        here.append(x)
+        return priced_apart(MODEL, MIXED, x, o.uneven_chunks, not o.allow_tight)
+
+    here: list = []
+    helper = Helper.start(MODEL, MIXED, o)
+    try:
+        while not helper.ready:
+            helper.receive(True)
+        for tie, s in enumerate(cands):
+            helper.offer(1.0 + tie, tie, s)
+        helper.feed(float("inf"), 1.0)    # cands[0] is the search's next entry: the helper takes cands[1]
+        assert helper.in_hand == cands[1]
+        got = [helper.take(cands[1], price), helper.take(cands[0], price)]
+        assert here == [cands[0]] and helper.taken == 2
+    finally:
+        helper.close()
+    for s, (fitting, short, _) in zip((cands[1], cands[0]), got):
+        want, want_short, _ = priced_apart(MODEL, MIXED, s, o.uneven_chunks, not o.allow_tight)
+        assert [(e.strategy, e.step_time_s) for e in fitting] == [(e.strategy, e.step_time_s) for e in want]
+        assert (short is None) == (want_short is None)
+
+
 def test_a_sweep_in_a_pool_runs_its_searches_serial_with_the_same_plans(monkeypatch):
     """planner sweep runs one search per process; with a pool of several its searches run
     serial (no pool inside a pool), with one process the one search may use the jobs, and the

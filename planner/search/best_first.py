@@ -49,6 +49,11 @@ _REQUEUE_SLACK = 1e-9
 # model searched 0.1 s slower with it), a search that queues its families faster ends in ~1 s.
 HELPER_AFTER_S = 0.5
 
+# Queue entries (the top levels of the heap) among which an idle helper is offered candidates.
+_AHEAD = 7
+# ... and among which this process finds one to price while it waits for the helper's result.
+_AHEAD_WAITING = 63
+
 # Families ruled out by memory whose smallest candidate is tried for the closest-plan report.
 _CLOSEST_FAMILIES = 32
 
@@ -144,6 +149,7 @@ class _BestFirst:
         self.rooms = FamilyRooms(model, cluster, self.bounds)   # the memory caps of cells and candidates
         self.screened_out: list = []  # candidates (Child) the memory screens ruled out before any plan was found
         self.splits: dict = {}       # initial_split per time class, depth, vpp, stage order and evenness
+        self.offered: set = set()    # ties of the queued candidates offered to the helper (_offer_ahead)
         self.closest = None
         self.done = 0
         self.last_report = self.t0
@@ -339,7 +345,19 @@ class _BestFirst:
             if c is not None:
                 self._price_and_offer(c)
             if helper is not None:
+                if helper.idle():
+                    self._offer_ahead(helper)
                 helper.feed(self._kth(), heap[0][0] if heap else float("inf"))
+
+    def _offer_ahead(self, helper: Helper, ahead: int = _AHEAD) -> None:
+        """Offer the helper the candidates at the head of the queue (its first `ahead` entries,
+        the top levels of the heap) on their starting split, as _reach_candidate will price
+        them if memory and their bound let it: the helper prices one while this process reaches
+        the entries before it (or prices another while it waits, Helper.take)."""
+        for bound, tie, kind, child in self.heap[:ahead]:
+            if kind == CAND and tie not in self.offered:
+                self.offered.add(tie)
+                helper.offer(bound, tie, self._on_start(child)[0])
 
     def _take_tight(self) -> None:
         """The TIGHT phase: the entries set aside (_spill) taken best first, screened without
@@ -541,9 +559,7 @@ class _BestFirst:
         hold its bound may rise: then it is queued again rather than priced."""
         model, cluster, o, res = self.model, self.cluster, self.o, self.res
         fam, usd_h = child.family, child.usd_hour
-        c, groups = child_strategy(fam, child.vpp, child.zero, child.groups, cluster)
-        valid, split = self._initial_split(fam, c, groups, o.uneven_chunks)
-        c = with_split(c, split)
+        c, groups = self._on_start(child)
         self.done += 1
         if self.tight_phase and c in self.priced:   # priced in the first phase
             return None
@@ -569,6 +585,11 @@ class _BestFirst:
             return None
         return c
 
+    def _on_start(self, child: Child) -> tuple[Strategy, tuple]:
+        """A candidate's Strategy on its starting split (initial_split), and its stage groups."""
+        c, groups = child_strategy(child.family, child.vpp, child.zero, child.groups, self.cluster)
+        return with_split(c, self._initial_split(child.family, c, groups, self.o.uneven_chunks)[1]), groups
+
     def _reach_requeued(self, entry: Requeued) -> Strategy | None:
         c = entry.strategy
         if self._dominated(entry.step_lb, c.world_size, entry.usd_hour, entry.peak_lb):
@@ -586,9 +607,16 @@ class _BestFirst:
     def _price_and_offer(self, c: Strategy) -> None:
         """Price a candidate (its exact split too) and offer the plans that fit."""
         o = self.o
-        got = self.helper.take(c) if self.helper is not None else None
+        def price(x):
+            return priced_apart(self.model, self.cluster, x, o.uneven_chunks, not o.allow_tight)
+
+        got = None
+        if self.helper is not None:
+            if self.helper.in_hand == c:   # candidates it may price here while it waits
+                self._offer_ahead(self.helper, _AHEAD_WAITING)
+            got = self.helper.take(c, price)
         if got is None:
-            got = priced_apart(self.model, self.cluster, c, o.uneven_chunks, not o.allow_tight)
+            got = price(c)
         fitting, short, effects = got
         add_effects(self.res, effects)
         self.priced.add(c)

@@ -53,9 +53,10 @@ def helper_main(conn, model: ModelSpec, cluster: ClusterSpec, o: SearchOptions, 
 class Helper:
     """A second process for a search (o.jobs >= 2): a first task (a half of the family screen),
     then candidates priced ahead of the search. The search offers it the candidates it queued
-    again (most of those it prices come that way), and while it has none in hand the helper
-    takes the cheapest-bounded of them that the search is not about to reach itself. When the search comes to price a candidate it takes the
-    helper's result, waiting for it if it is being priced, or prices it itself. Pricing is a
+    again and, while it is idle, those at the head of its queue; with none in hand the helper
+    takes the cheapest-bounded of them that the search does not take next. When the search
+    comes to price a candidate it takes the helper's result, pricing the next one pending
+    itself while the helper finishes it, or prices it itself. Pricing is a
     pure function of the candidate, and the search decides in its own order as before, so the
     plans and counts are those of a serial search; only the time differs. Anything that stops
     the helper (no process can be started, it fails or dies) leaves the search to do its work
@@ -71,6 +72,7 @@ class Helper:
         self.results: dict = {}      # strategy -> priced_apart's result
         self.mine: set = set()       # candidates the search priced itself
         self.taken = 0               # results the search used (its report)
+        self.kth = float("inf")      # the K-th best plan as of the last feed
 
     @classmethod
     def start(cls, model: ModelSpec, cluster: ClusterSpec, o: SearchOptions, task=None) -> "Helper | None":
@@ -111,50 +113,77 @@ class Helper:
         """A candidate the search queued again (under this bound and tie): it may be priced."""
         heapq.heappush(self.pending, (bound, tie, s))
 
+    def idle(self) -> bool:
+        """Whether the helper is waiting for a candidate (alive, past its first task, none in
+        hand)."""
+        if self.alive:
+            self.receive(False)
+        return self.alive and self.ready and self.in_hand is None
+
     def feed(self, kth: float, next_bound: float) -> None:
         """Give the helper a candidate when it has none: the cheapest-bounded one pending that
-        can still enter the top K (bound <= kth), or the second cheapest when the cheapest is
-        the search's own next entry (bound <= next_bound)."""
+        can still enter the top K (bound <= kth) and that the search does not take next (bound
+        > next_bound, its queue's least: the search prices that one itself meanwhile)."""
         if not self.alive:
             return
+        self.kth = kth
         self.receive(False)
         if not self.ready or self.in_hand is not None:
             return
-        pending, picked = self.pending, []
-        while pending and len(picked) < 2:
+        pending, head, picked = self.pending, [], None
+        while pending:
             b, tie, s = heapq.heappop(pending)
             if b > kth:
                 pending.clear()   # nothing left can enter (the K-th best only rarely rises)
                 break
-            if s not in self.mine and s not in self.results:
-                picked.append((b, tie, s))
-        if not picked:
+            if s in self.mine or s in self.results:
+                continue
+            if b <= next_bound:
+                head.append((b, tie, s))   # the search's next entry
+                continue
+            picked = s
+            break
+        for item in head:
+            heapq.heappush(pending, item)
+        if picked is None:
             return
-        if picked[0][0] <= next_bound and len(picked) == 2:
-            heapq.heappush(pending, picked[0])
-            picked = picked[1:]
-        elif len(picked) == 2:
-            heapq.heappush(pending, picked[1])
-        s = picked[0][2]
         try:
-            self.conn.send(s)
-            self.in_hand = s
+            self.conn.send(picked)
+            self.in_hand = picked
         except (OSError, ValueError):
             self.alive = False
 
-    def take(self, s: Strategy):
+    def take(self, s: Strategy, price=None):
         """priced_apart's result for s if the helper priced it (waiting while it prices it),
-        else None: the search prices s itself."""
-        if self.alive and self.in_hand == s:
-            self.receive(True)
-            while self.alive and self.in_hand is not None:
+        else None: the search prices s itself. While the helper prices s, `price` (if given:
+        the search's own priced_apart) prices here the next candidate pending, the one the
+        helper would have taken after s, rather than wait idle."""
+        while self.alive and self.in_hand == s:
+            spare = self._spare() if price is not None else None
+            if spare is None:
                 self.receive(True)
+            else:
+                self.results[spare] = price(spare)
+                self.receive(False)
         got = self.results.pop(s, None)
         if got is None:
             self.mine.add(s)
         else:
             self.taken += 1
         return got
+
+    def _spare(self) -> Strategy | None:
+        """The cheapest-bounded candidate pending that neither process has priced or is pricing
+        and can still enter the top K (as of the last feed)."""
+        pending = self.pending
+        while pending:
+            b, _, s = heapq.heappop(pending)
+            if b > self.kth:
+                pending.clear()
+                return None
+            if s != self.in_hand and s not in self.mine and s not in self.results:
+                return s
+        return None
 
     def screened(self):
         """What its first task returned: None if it had none, failed or died (the search then
