@@ -86,7 +86,8 @@ from planner.errors import InvalidStrategy   # noqa: E402
 from planner.estimate import estimate, time_key   # noqa: E402
 from planner.library import load_cluster_ref, load_model_ref   # noqa: E402
 from planner.search.bounds import Bounds   # noqa: E402
-from planner.search.minmax import mixed_floor_counts, count_floor_groups, count_floor_rows, mixed_floor   # noqa: E402
+from planner.search.minmax import (mixed_floor_counts, count_floor_groups, count_floor_rows,  # noqa: E402
+                                   count_floor_unlimited, mixed_floor)
 from planner.search.family_screen import FamilyScreen   # noqa: E402
 from planner.search.planner import (MICRO_BATCHES, VPP_CHOICES, GpuBudget, SearchOptions,   # noqa: E402
                                     enumerate_space, stage_layouts)
@@ -475,6 +476,23 @@ def test_the_net_catches_a_term_lowered_in_estimate_only(monkeypatch):
     monkeypatch.setattr(P, "tp_layer_exposed_s", lambda *a, **k: 0.5 * orig(*a, **k))
     with pytest.raises(AssertionError):
         _check(LLAMA, DGX, GpuBudget(), s, estimate(LLAMA, DGX, s), True)
+
+
+@settings(max_examples=n(300), deadline=None)
+@given(st.lists(st.tuples(st.floats(0.01, 4.0), st.integers(0, 6)), min_size=1, max_size=4).filter(
+           lambda g: any(c for _, c in g)),
+       st.floats(0.0, 3.0), st.integers(1, 130))
+def test_count_floor_without_memory_caps_is_count_floor_groups(groups, e, need):
+    """count_floor_unlimited (the family and cell bounds' whole-layer count, memory aside) is
+    the same float as count_floor_groups with every rank able to hold every layer; by hand, 61
+    layers on 27 stages of 1 s a layer need a stage of 3 (the fractional split: 2.26), and on 20
+    stages of 1 s and 7 of 2 s (0.5 s fixed each) one of 3.5 s."""
+    a, counts = [x for x, _ in groups], [c for _, c in groups]
+    held = np.repeat(np.array(counts)[:, None], need, axis=1)
+    assert count_floor_unlimited(a, e, counts, need) == count_floor_groups(a, e, counts, held, need)
+    assert count_floor_unlimited([1.0], 0.0, [27], 61) == pytest.approx(3.0, rel=1e-8)   # rounded down
+    # 20 stages of 1 s and 7 of 2 s, 0.5 s fixed: under 3.5 s they hold 20 x 2 + 7 x 1 = 47 layers
+    assert count_floor_unlimited([1.0, 2.0], 0.5, [20, 7], 61) == pytest.approx(3.5, rel=1e-8)
 
 
 @settings(max_examples=n(200), deadline=None)

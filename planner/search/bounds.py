@@ -21,7 +21,7 @@ from ..specs.cluster import ClusterSpec
 from ..specs.model import ModelSpec
 from ..strategy import Strategy
 from .minmax import (UNITS_TOL, integer_minmax, mixed_floor_counts, mixed_floor_rows, relaxed_minmax,
-                     count_floor_groups, count_floor_rows, mixed_count_minmax, mixed_floor)
+                     count_floor_groups, count_floor_rows, count_floor_unlimited, mixed_count_minmax, mixed_floor)
 from .screen import fit_rows
 
 
@@ -45,6 +45,8 @@ class Bounds:
         self._dense: dict = {}
         self._hop_arrays: dict = {}
         self._moe_only: dict = {}
+        self._whole: dict = {}
+        self._whole_kinds_of: dict = {}
 
     def layer_costs(self, s: Strategy, tk: Strategy, group_name: str) -> tuple[float, float]:
         """(dense, MoE) seconds per layer and micro-batch on this group: compute + TP (+ EP);
@@ -150,7 +152,9 @@ class Bounds:
         cell bound (below) relaxed to the fastest GPUs the pipeline can use (speeds summed over
         its p fastest stage slots), the cheapest end stages and hop, and the bubble at the most
         virtual stages. `caps`: most stages per group; `names`: the groups with caps > 0, sorted
-        (computed here when not given; the search passes them, it bounds 10^5 families)."""
+        (computed here when not given; the search passes them, it bounds 10^5 families).
+        T is also at least the least time at which the stages hold the model in whole layers
+        (_family_whole_layers: 61 layers on 27 stages need a stage of 3)."""
         if names is None:
             names = tuple(sorted(g for g, c in caps.items() if c > 0))
         st = self._family_static(s, tk, names)
@@ -167,9 +171,47 @@ class Bounds:
         if p == 1:
             return m * max(f_min + e_single, units / S + e_single)
         hop = self._least_hop_of(s, names, per)
-        T = max(f_min + hop, units / S + hop)
+        T = max(f_min + hop, units / S + hop, self._family_whole_layers(s, tk, names, caps, p, hop))
         W = least + emb + out + p * hop
         return m * T + min(W - T, (W - T) / vmax)     # the bubble at vpp 1 or at the most virtual stages
+
+    def _family_whole_layers(self, s: Strategy, tk: Strategy, names: tuple, caps: dict, p: int, hop: float) -> float:
+        """The least slowest-stage time at which p stages, at most caps[g] on group g, hold the
+        model's layers in whole layers, each stage paying hop: whatever the placement, its
+        stages hold no more under T than the p fastest slots do (count_floor_unlimited with the
+        lighter kind's seconds for all layers, and with dense and MoE layers the MoE layer's for
+        the MoE ones, each with the slots fastest for it). Cached: the families of one time class
+        and pipeline shape share it whatever their micro-batches."""
+        key = (tk, names, tuple(caps.values()), p, hop)
+        got = self._whole.get(key)
+        if got is not None:
+            return got
+        T = -np.inf
+        for need, fastest in self._whole_kinds(s, tk, names):
+            a, counts, left = [], [], p
+            for x, g in fastest:      # the p slots fastest for this layer kind
+                take = min(caps[g], left)
+                a.append(x)
+                counts.append(take)
+                left -= take
+            T = max(T, count_floor_unlimited(a, hop, counts, need))
+        self._whole[key] = T
+        return T
+
+    def _whole_kinds(self, s: Strategy, tk: Strategy, names: tuple) -> list:
+        """_family_whole_layers' counts: (layers to hold, [(seconds a layer, group), fastest
+        first]) for all layers at the lighter kind's seconds and, with dense and MoE layers,
+        for the MoE layers at the MoE layer's (cached by time class and groups)."""
+        key = (tk, names)
+        got = self._whole_kinds_of.get(key)
+        if got is None:
+            w, _ = self.work(s, tk, names)
+            mixed = self._n_dense_mixed()
+            got = [(self.model.num_layers, sorted((w["floor"][g], g) for g in names))]
+            if mixed is not None:
+                got.append((self.model.num_layers - mixed, sorted((w["moe"][g], g) for g in names)))
+            self._whole_kinds_of[key] = got
+        return got
 
     def _family_static(self, s: Strategy, tk: Strategy, names: tuple) -> tuple:
         """What a family bound needs of its time class on these groups (cached)."""
@@ -222,10 +264,15 @@ class Bounds:
         per_v = []
         for v in vpps:
             e = v * hop
-            T = max(v * f_max + e, units / S + e)
+            # whole layers, q at a time (count_floor_unlimited; Bounds.layer_multiple)
+            q = self.layer_multiple(v)
+            whole = count_floor_unlimited([q * w["floor"][g] for g in names], e, counts,
+                                          -(-self.model.num_layers // q))
+            T = max(v * f_max + e, units / S + e, whole)
             if mixed is not None:
                 T = max(T, mixed_floor_counts([v * w["moe"][g] + e for g in names],
-                                               [w["dense_saves"][g] for g in names], counts, mixed, v))
+                                               [w["dense_saves"][g] for g in names], counts, mixed, v),
+                        count_floor_unlimited([w["moe"][g] for g in names], e, counts, self.model.num_layers - mixed))
             per_v.append((v, e, T, (least + emb + out + p * e) / v))
         out_bounds = [min((m - 1.0 / v) * T + W for v, _, T, W in per_v) + after]
         if not rooms:

@@ -6,6 +6,8 @@ with both kinds (mixed_floor). Each returns a value no plan of its stages beats.
 
 from __future__ import annotations
 
+import heapq
+
 import numpy as np
 
 
@@ -131,6 +133,36 @@ def count_floor_groups(a, e: float, counts, held, need: int) -> float:
     reached = np.cumsum(weight[order])
     k = int(np.searchsorted(reached, need))
     return float(times[order][k]) if k < len(reached) else np.inf
+
+
+def count_floor_unlimited(a, e: float, counts, need: int) -> float:
+    """count_floor_groups when memory holds any number of layers on every rank (time alone):
+    the least T at which c_g = counts[g] stages on groups costing a[g] seconds a layer, e fixed
+    seconds each, hold `need` whole layers, i.e. the need-th smallest of e + t a[g] over t >= 1
+    counted c_g times (rounded as count_floor_groups does, the same float). The family and cell
+    bounds add it to their fractional relaxation: 61 layers on 27 stages need a stage of 3."""
+    if need <= 0:
+        return -np.inf
+    step = [(x / (1 + _COUNT_TOL), c) for x, c in zip(a, counts) if c > 0]
+    if len(step) <= 1:
+        if not step:
+            return np.inf
+        x, c = step[0]
+        return e + -(-need // c) * x     # one kind of stage: ceil(need / c) layers on one of them
+    # below the fractional T every group's count is under need: start each one a step lower
+    frac = need / sum(c / x for x, c in step)
+    t0 = [max(0, int(frac / x) - 1) for x, _ in step]
+    held = sum(c * t for (_, c), t in zip(step, t0))
+    nxt = [(e + (t + 1) * x, k) for k, ((x, _), t) in enumerate(zip(step, t0))]
+    heapq.heapify(nxt)
+    while True:
+        T, k = heapq.heappop(nxt)
+        x, c = step[k]
+        held += c
+        if held >= need:
+            return T
+        t0[k] += 1
+        heapq.heappush(nxt, (e + (t0[k] + 1) * x, k))
 
 
 def mixed_count_minmax(stages: dict[tuple, int], n_layers: int, n_dense: int, lo: float) -> float:
