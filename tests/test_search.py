@@ -970,21 +970,29 @@ def test_the_parallel_cases_reach_every_path():
     assert 8 - (len(eight.plans) - eight.tight_listed) > 1   # fewer than 7 fit with margin
 
 
+def _helper_offered_two(o):
+    """A helper process past its start, offered two candidates the search priced (bounds 1 and
+    2), and those candidates."""
+    from planner.search.helper import Helper
+
+    cands = [e.strategy for e in search(MODEL, MIXED, replace(o, jobs=1)).priced_estimates[:2]]
+    helper = Helper.start(MODEL, MIXED, o)
+    while not helper.ready:
+        helper.receive(True)
+    for tie, s in enumerate(cands):
+        helper.offer(1.0 + tie, tie, s)
+    return helper, cands
+
+
 def test_the_helper_prices_a_candidate_as_the_search_does():
     """The helper process (jobs >= 2) prices a candidate it is handed exactly as the search
     would itself (pricing.priced_apart): the same estimates, and the same counts and warnings
     for the search's result."""
-    from planner.search.helper import Helper
     from planner.search.pricing import priced_apart
 
     o = replace(OPTIONS, top=3, jobs=2)
-    cands = [e.strategy for e in search(MODEL, MIXED, replace(o, jobs=1)).priced_estimates[:2]]
-    helper = Helper.start(MODEL, MIXED, o)
+    helper, cands = _helper_offered_two(o)
     try:
-        while not helper.ready:
-            helper.receive(True)
-        for tie, s in enumerate(cands):
-            helper.offer(1.0 + tie, tie, s)
         helper.feed(float("inf"), 0.0)   # the search's own next entry is elsewhere: the helper takes the first
         assert helper.in_hand == cands[0]
         fitting, short, effects = helper.take(cands[0])
@@ -1004,23 +1012,17 @@ def test_the_search_prices_the_next_candidate_while_the_helper_prices_one():
     """The helper is never handed the search's own next entry (it would wait for it idle), and
     while it prices a candidate the search needs, the search prices the next one pending itself
     (Helper.take's `price`): each result is then taken as priced_apart gives it."""
-    from planner.search.helper import Helper
     from planner.search.pricing import priced_apart
 
     o = replace(OPTIONS, top=3, jobs=2)
-    cands = [e.strategy for e in search(MODEL, MIXED, replace(o, jobs=1)).priced_estimates[:2]]
 
     def price(x):
         here.append(x)
         return priced_apart(MODEL, MIXED, x, o.uneven_chunks, not o.allow_tight)
 
     here: list = []
-    helper = Helper.start(MODEL, MIXED, o)
+    helper, cands = _helper_offered_two(o)
     try:
-        while not helper.ready:
-            helper.receive(True)
-        for tie, s in enumerate(cands):
-            helper.offer(1.0 + tie, tie, s)
         helper.feed(float("inf"), 1.0)    # cands[0] is the search's next entry: the helper takes cands[1]
         assert helper.in_hand == cands[1]
         got = [helper.take(cands[1], price), helper.take(cands[0], price)]
