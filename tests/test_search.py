@@ -802,7 +802,8 @@ def test_family_screen_shares_only_what_each_table_leaves_out(model):
                 shared.add(base, time_key(base), pp, dp, base.num_microbatches, block, 1, names)
                 added.append((base, block, names))
                 alone.append(_screen_families(model, MIXED, [base], block, (1,), (0, 1, 3), False, layouts))
-    fit, zero_fit, peak, _ = shared.run(every_peak=True)
+    got = shared.run(every_peak=True)
+    fit, zero_fit, peak = got.may_fit, got.zero_fit, got.peak
     assert len(alone) > 40 and 0 < fit.sum() < len(fit)   # both verdicts occur
     assert [(bool(f), float(p)) for f, p in zip(fit, peak)] == [(bool(a.may_fit[0]), float(a.peak[0])) for a in alone]
     assert (zero_fit == np.array([a.zero_fit[0] for a in alone])).all() and (fit == zero_fit.any(axis=1)).all()
@@ -812,7 +813,8 @@ def test_family_screen_shares_only_what_each_table_leaves_out(model):
     again = FamilyScreen(model, MIXED, (0, 1, 3), False)
     for base, block, names in added:
         again.add(base, time_key(base), base.pp, base.dp, base.num_microbatches, block, 1, names)
-    fit2, _, peak2, _ = again.run()
+    got2 = again.run()
+    fit2, peak2 = got2.may_fit, got2.peak
     unfit = np.flatnonzero(~fit2)
     assert (fit2 == fit).all() and (peak2[fit] == peak[fit]).all() and np.isnan(peak2[unfit]).all()
     assert (again.peaks(unfit) == peak[unfit]).all()

@@ -30,7 +30,7 @@ from ..strategy import Strategy
 from .bounds import Bounds
 from .family_screen import FamilyScreen, merged
 from .entries import (BLOCK, CAND, CELL, DEFERRED, FAMILY, REQUEUED, Cell, Child, Family, FamilySpec, FamilySpecs,
-                      Layouts, Pending, QueuedFamily, Requeued, child_strategy, entry_count, family_of)
+                      Pending, QueuedFamily, Requeued, child_strategy, entry_count, family_of)
 from .families import Families, screen_half
 from .helper import Helper
 from .objective import check_objective, dominates, figures, usd_per_million_tokens
@@ -138,7 +138,7 @@ class _BestFirst:
         # the families (_queue_families): the screen, every spec, and those memory ruled out
         self.screen: FamilyScreen | None = None
         self.specs = FamilySpecs()
-        # bounds of families (spec index ->) and of their floor classes (_floor_lb's key ->)
+        # bounds of families (spec index ->) and of their floor classes (Families.queue_bound's key ->)
         self.family_lbs: dict = {}
         self.floor_lbs: dict = {}
         self.unfit = np.zeros(0, dtype=np.int64)
@@ -250,6 +250,10 @@ class _BestFirst:
         self.res.candidates = int(self.specs.candidates.sum())
         got = screen.run()
         if split:
+            # this half's queue bounds while the helper computes its own (screen_half)
+            mine = np.concatenate([np.arange(first, first + count) for first, count in here] or [np.zeros(0, int)])
+            got = got._replace(step_lb=self.families.queue_bounds(got, lambda k: self.specs[int(mine[k])],
+                                                                  self.floor_lbs))
             theirs = self.helper.screened()
             if theirs is None:   # it failed or died: its half screened here
                 for _, args in there:
@@ -268,29 +272,18 @@ class _BestFirst:
             screen.add_group(*args)
         return screen.run(every_peak=True).peak[index]
 
-    def _family_lb(self, i: int, spec: FamilySpec, lay: Layouts) -> float:
+    def _family_lb(self, i: int, spec: FamilySpec) -> float:
         """The time bound of family i (a pure function of it, cached)."""
         lb = self.family_lbs.get(i)
         if lb is None:
-            lb = self.family_lbs[i] = self.bounds.family(spec.cls.base, spec.cls.tk, spec.pp, spec.m, spec.lkey[0],
-                                                         lay.caps, max(spec.vpps), lay.names)
-        return lb
-
-    def _floor_lb(self, spec: FamilySpec, lay: Layouts) -> float:
-        """The time bound of family spec's floor class on its placements: no more than its own
-        (LayerExecution.floor), shared by the families of one degrees that differ in recompute,
-        and cheaper (the bounds of recomputing classes are computed only for families reached)."""
-        key = (spec.floor.tk, spec.pp, spec.m, spec.lkey, max(spec.vpps))
-        lb = self.floor_lbs.get(key)
-        if lb is None:
-            lb = self.floor_lbs[key] = self.bounds.family(spec.floor.base, spec.floor.tk, spec.pp, spec.m,
-                                                          spec.lkey[0], lay.caps, max(spec.vpps), lay.names)
+            lb = self.family_lbs[i] = self.families.own_bound(spec)
         return lb
 
     def _queue_screened(self, screened) -> None:
         """Queue the families that may fit, bounded over all their stage placements: under their
         own bound when it is known or their class recomputes nothing, else under their floor
-        class's (_floor_lb; _expand_family computes their own when they are reached). Those
+        class's (Families.queue_bound; _expand_family computes their own when they are reached),
+        computed by the helper for the half it screened when the screen was split. Those
         that may fit only within the memory model's margin are set aside (_spill)."""
         specs, res = self.specs, self.res
         may_fit, peaks = screened.may_fit, screened.peak.tolist()
@@ -303,13 +296,17 @@ class _BestFirst:
         tight = screened.tight_zero_fit
         # the ZeRO stages under which a family may fit only within the margin
         tight_masks = ((tight & ~screened.zero_fit) * bits).sum(axis=1).tolist() if tight is not None else None
+        # the bounds of the families the helper screened, computed there (screen_half)
+        theirs = screened.step_lb.tolist() if screened.step_lb is not None else None
         for i in np.flatnonzero(may_fit if tight is None else tight.any(axis=1)).tolist():
             spec = specs[i]
             lay = self.families.layouts[spec.lkey]
-            lb = self.family_lbs.get(i)
-            exact = lb is not None or spec.floor is spec.cls
-            if lb is None:
-                lb = self._family_lb(i, spec, lay) if exact else self._floor_lb(spec, lay)
+            exact = spec.floor is spec.cls
+            lb = theirs[i] if theirs is not None else float("nan")
+            if lb != lb:   # nan: screened here
+                lb = self.families.queue_bound(spec, self.floor_lbs)
+            if exact:
+                self.family_lbs[i] = lb
             bound = self._objective_lb(lb, lay.usd_min)
             if may_fit[i]:
                 entries.append((bound, next(self.tie), FAMILY,
@@ -426,7 +423,7 @@ class _BestFirst:
         lay = self.families.layouts[entry.spec.lkey]
         if not entry.exact:
             # queued under its floor class's bound: its own may be higher
-            own = self._family_lb(entry.index, entry.spec, lay)
+            own = self._family_lb(entry.index, entry.spec)
             entry = entry._replace(step_lb=own, exact=True)
             bound = self._objective_lb(own, lay.usd_min)
             if bound > lb * (1 + _REQUEUE_SLACK):

@@ -15,7 +15,7 @@ from ..specs.cluster import ClusterSpec
 from ..specs.model import ModelSpec
 from ..strategy import Strategy
 from .bounds import Bounds
-from .entries import GroupSpecs, Layouts, TimeClass
+from .entries import FamilySpec, FamilySpecs, GroupSpecs, Layouts, TimeClass
 from .family_screen import FamilyScreen
 from .objective import usd_per_hour
 from .space import (SearchOptions, enumerate_space, execution_of, family_groups, layer_executions, stage_layouts,
@@ -127,6 +127,36 @@ class Families:
             yield FamilyGroup(part, pp, dp, m, self.layouts[lkey].names, rows, rows_key,
                               GroupSpecs(kinds, pp, dp, lkey, m, n_orders, per_order))
 
+    def own_bound(self, spec: FamilySpec) -> float:
+        """The step-time bound of a family over all its stage placements (Bounds.family)."""
+        lay = self.layouts[spec.lkey]
+        return self.bounds.family(spec.cls.base, spec.cls.tk, spec.pp, spec.m, spec.lkey[0], lay.caps,
+                                  max(spec.vpps), lay.names)
+
+    def queue_bound(self, spec: FamilySpec, floor_lbs: dict) -> float:
+        """The bound a family that may fit is queued under: its own where its class recomputes
+        nothing, else its floor class's (no more than its own, shared by the families of one
+        degrees that differ in recompute: cached in floor_lbs; the search computes their own
+        only when they are reached)."""
+        if spec.floor is spec.cls:
+            return self.own_bound(spec)
+        key = (spec.floor.tk, spec.pp, spec.m, spec.lkey, max(spec.vpps))
+        lb = floor_lbs.get(key)
+        if lb is None:
+            lay = self.layouts[spec.lkey]
+            lb = floor_lbs[key] = self.bounds.family(spec.floor.base, spec.floor.tk, spec.pp, spec.m, spec.lkey[0],
+                                                     lay.caps, max(spec.vpps), lay.names)
+        return lb
+
+    def queue_bounds(self, screened, spec_of, floor_lbs: dict) -> np.ndarray:
+        """queue_bound of each family screened (spec_of(k): the k-th one's FamilySpec) that may
+        fit, with or without the margin; nan for the others."""
+        may = screened.may_fit if screened.tight_zero_fit is None else screened.tight_zero_fit.any(axis=1)
+        step_lb = np.full(len(may), np.nan)
+        for k in np.flatnonzero(may).tolist():
+            step_lb[k] = self.queue_bound(spec_of(k), floor_lbs)
+        return step_lb
+
     def new_screen(self) -> FamilyScreen:
         """An empty family memory screen for these families (the search's ZeRO stages, margin)."""
         return FamilyScreen(self.model, self.cluster, self.zero_opts, self.o.uneven_chunks, self.with_margin)
@@ -142,11 +172,15 @@ class Families:
 
 
 def screen_half(model: ModelSpec, cluster: ClusterSpec, o: SearchOptions, part: int):
-    """The family screen (Screened) of the groups of one part (Families.groups): what the
-    helper process computes for a search that splits its screen."""
+    """The family screen (Screened) of the groups of one part (Families.groups), with the
+    bounds the search queues those that may fit under (Families.queue_bound; their time
+    classes' layer costs are most of it): what the helper process computes for a search that
+    splits its screen."""
     families = Families(model, cluster, o, Bounds(model, cluster, o.uneven_chunks), not o.allow_tight)
-    screen = families.new_screen()
+    screen, specs = families.new_screen(), FamilySpecs()
     for g in families.groups():
         if g.part == part:
             screen.add_group(*g.screen_args)
-    return screen.run()
+            specs.add(g.specs)
+    got = screen.run()
+    return got._replace(step_lb=families.queue_bounds(got, specs.__getitem__, {}))

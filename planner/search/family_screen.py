@@ -101,6 +101,9 @@ class Screened(NamedTuple):
     # a screen made with the memory model's margin: its verdict without it too (F, Z), which the
     # search's TIGHT candidates need; else None
     tight_zero_fit: np.ndarray | None
+    # the step-time bounds the search queues the families that may fit under, where the process
+    # that screened them computed those too (families.py screen_half; nan elsewhere); else None
+    step_lb: np.ndarray | None = None
 
 
 class FamilyScreen:
@@ -353,9 +356,12 @@ def merged(n: int, here: list, mine, there: list, theirs) -> Screened:
 
     out = []
     for a, b in zip(mine, theirs):
-        if a is None:
+        if a is None and b is None:
             out.append(None)
             continue
+        if a is None or b is None:   # computed by one side only (step_lb): nan on the other's
+            a = np.full(sum(c for _, c in here), np.nan) if a is None else a
+            b = np.full(sum(c for _, c in there), np.nan) if b is None else b
         full = np.empty((n,) + a.shape[1:], dtype=a.dtype)
         full[index(here)], full[index(there)] = a, b
         out.append(full)
