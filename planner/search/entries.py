@@ -80,7 +80,7 @@ class GroupSpecs(NamedTuple):
     lkey: tuple
     m: int
     n_orders: int                  # stage orders of its pipeline shape
-    per_order: np.ndarray          # candidates per stage order of each family (shared by its kinds)
+    per_order: np.ndarray          # candidates per stage order of each of its families
 
     def spec(self, j: int) -> FamilySpec:
         cls, floor, block, vpps, per_order = self.kinds[j]
