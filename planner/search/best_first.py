@@ -28,7 +28,7 @@ from ..specs.cluster import ClusterSpec
 from ..specs.model import ModelSpec
 from ..strategy import Strategy
 from .bounds import Bounds
-from .family_screen import FamilyScreen, merged
+from .family_screen import FamilyScreen, merged, run_indices
 from .entries import (BLOCK, CAND, CELL, DEFERRED, FAMILY, REQUEUED, Cell, Child, Family, FamilySpec, FamilySpecs,
                       Pending, QueuedFamily, Requeued, child_strategy, entry_count, family_of)
 from .families import Families, screen_half
@@ -251,7 +251,7 @@ class _BestFirst:
         got = screen.run()
         if split:
             # this half's queue bounds while the helper computes its own (screen_half)
-            mine = np.concatenate([np.arange(first, first + count) for first, count in here] or [np.zeros(0, int)])
+            mine = run_indices(here)
             got = got._replace(step_lb=self.families.queue_bounds(got, lambda k: self.specs[int(mine[k])],
                                                                   self.floor_lbs))
             theirs = self.helper.screened()
@@ -283,7 +283,7 @@ class _BestFirst:
         """Queue the families that may fit, bounded over all their stage placements: under their
         own bound when it is known or their class recomputes nothing, else under their floor
         class's (Families.queue_bound; _expand_family computes their own when they are reached),
-        computed by the helper for the half it screened when the screen was split. Those
+        computed with the screen when it was split between two processes. Those
         that may fit only within the memory model's margin are set aside (_spill)."""
         specs, res = self.specs, self.res
         may_fit, peaks = screened.may_fit, screened.peak.tolist()
@@ -296,14 +296,15 @@ class _BestFirst:
         tight = screened.tight_zero_fit
         # the ZeRO stages under which a family may fit only within the margin
         tight_masks = ((tight & ~screened.zero_fit) * bits).sum(axis=1).tolist() if tight is not None else None
-        # the bounds of the families the helper screened, computed there (screen_half)
-        theirs = screened.step_lb.tolist() if screened.step_lb is not None else None
+        # with a split screen, each process's queue bounds of the families it screened
+        # (Families.queue_bounds; nan for a half the helper failed to screen)
+        known = screened.step_lb.tolist() if screened.step_lb is not None else None
         for i in np.flatnonzero(may_fit if tight is None else tight.any(axis=1)).tolist():
             spec = specs[i]
             lay = self.families.layouts[spec.lkey]
             exact = spec.floor is spec.cls
-            lb = theirs[i] if theirs is not None else float("nan")
-            if lb != lb:   # nan: screened here
+            lb = known[i] if known is not None else float("nan")
+            if lb != lb:   # nan: not computed yet
                 lb = self.families.queue_bound(spec, self.floor_lbs)
             if exact:
                 self.family_lbs[i] = lb
@@ -668,8 +669,7 @@ class _BestFirst:
         # the exact shortfall of each candidate the screen ruled out (computed only now, as most
         # searches find a plan)
         for child in self.screened_out:
-            c, groups = child_strategy(child.family, child.vpp, child.zero, child.groups, cluster)
-            c = with_split(c, self._initial_split(child.family, c, groups, self.o.uneven_chunks)[1])
+            c, _ = self._on_start(child)
             short = max(m.total - m.capacity for m in stage_memories(model, cluster, c))
             if closest is None or short < closest[0]:
                 closest = (short, c)

@@ -265,9 +265,8 @@ class Bounds:
         for v in vpps:
             e = v * hop
             # whole layers, q at a time (count_floor_unlimited; Bounds.layer_multiple)
-            q = self.layer_multiple(v)
-            whole = count_floor_unlimited([q * w["floor"][g] for g in names], e, counts,
-                                          -(-self.model.num_layers // q))
+            q, blocks = self._layer_blocks(v)
+            whole = count_floor_unlimited([q * w["floor"][g] for g in names], e, counts, blocks)
             T = max(v * f_max + e, units / S + e, whole)
             if mixed is not None:
                 T = max(T, mixed_floor_counts([v * w["moe"][g] + e for g in names],
@@ -287,9 +286,8 @@ class Bounds:
                     row_of, held = room_of(v, z)
                     held = held[[row_of[g] for g in names]]
                     # q layers at a time: a stage holds q j layers where its ranks hold that many
-                    q = self.layer_multiple(v)
-                    Tc = max(T, count_floor_groups(q * floor, e, counts, held[:, q - 1::q],
-                                                   -(-self.model.num_layers // q)))
+                    q, blocks = self._layer_blocks(v)
+                    Tc = max(T, count_floor_groups(q * floor, e, counts, held[:, q - 1::q], blocks))
                     if mixed is not None:
                         Tc = max(Tc, count_floor_groups(moe, e, counts, held, self.model.num_layers - mixed))
                     if Tc < float("inf"):
@@ -301,6 +299,12 @@ class Bounds:
         """The number every stage's layer count is a multiple of at vpp v: v with even chunks
         (Megatron's --num-virtual-stages-per-pipeline-rank), else 1."""
         return 1 if self.uneven_chunks else v
+
+    def _layer_blocks(self, v: int) -> tuple[int, int]:
+        """(q, the model's layers in blocks of q): the whole-layer counts at vpp v take q =
+        layer_multiple(v) layers at a time."""
+        q = self.layer_multiple(v)
+        return q, -(-self.model.num_layers // q)
 
     def _n_dense_mixed(self) -> int | None:
         """The model's dense layers when it has both kinds (the mixed floor applies), else None."""
@@ -395,10 +399,10 @@ class Bounds:
                                                             vpp)
             Tc = np.empty((n_orders, n_v, n_z))
             for k, vpp in enumerate(vpps):   # rows (orders, zeros) of each vpp
-                q = self.layer_multiple(vpp)
+                q, blocks = self._layer_blocks(vpp)
                 ck = caps[:, k].reshape(-1, p) // q     # a stage's layers come q at a time
                 ek = np.repeat(e[:, k, :], n_z, axis=0)
-                t = count_floor_rows(q * np.repeat(F, n_z, axis=0), ek, ck, -(-self.model.num_layers // q))
+                t = count_floor_rows(q * np.repeat(F, n_z, axis=0), ek, ck, blocks)
                 if mixed is not None:
                     t = np.maximum(t, count_floor_rows(np.repeat(moe[gi], n_z, axis=0), ek, q * ck,
                                                        self.model.num_layers - mixed))
@@ -466,7 +470,7 @@ class Bounds:
         moe_stages: dict = {}   # for the mixed count bound: (an MoE layer's seconds, fixed, most layers)
         W = least
         B, saves = [], []     # for the mixed floor: stage cost at v MoE layers, a dense layer's saving
-        q = self.layer_multiple(v)
+        q, n_blocks = self._layer_blocks(v)
         for i, (g, e) in enumerate(zip(groups, self._stage_extras(s, tk, groups, extra_s))):
             n_cap = L if max_layers is None else max_layers[i] - max_layers[i] % q
             cap = float("inf") if max_layers is None else n_cap * w["unit_max"]
@@ -482,7 +486,7 @@ class Bounds:
         for (r, f, e, cap, n_cap), k in stages.items():
             bkey = (r, q * f, e, cap, n_cap // q)
             blocks[bkey] = blocks.get(bkey, 0) + k
-        T = max(relaxed_minmax(stages, w["units"], v), integer_minmax(blocks, -(-L // q), -(-v // q)))
+        T = max(relaxed_minmax(stages, w["units"], v), integer_minmax(blocks, n_blocks, -(-v // q)))
         mixed = self._n_dense_mixed()
         if mixed is not None:
             reach = self.dense_ranks(p, v)

@@ -345,15 +345,17 @@ def _family_rows(groups: list, n_zeros: int) -> tuple:
     return si, joined(3), joined(4), each(1), fi, each(2), joined(8)
 
 
+def run_indices(runs) -> np.ndarray:
+    """The family indices of (first index, count) runs, in order."""
+    if not runs:
+        return np.zeros(0, dtype=np.int64)
+    first, count = np.array(runs).T
+    return np.repeat(first - np.concatenate(([0], np.cumsum(count)[:-1])), count) + np.arange(count.sum())
+
+
 def merged(n: int, here: list, mine, there: list, theirs) -> Screened:
     """One Screened of n families from two over parts of them: `here` and `there` the (first
     index, count) runs of families each one holds, in order."""
-    def index(runs):
-        if not runs:
-            return np.zeros(0, dtype=np.int64)
-        first, count = np.array(runs).T
-        return np.repeat(first - np.concatenate(([0], np.cumsum(count)[:-1])), count) + np.arange(count.sum())
-
     out = []
     for a, b in zip(mine, theirs):
         if a is None and b is None:
@@ -363,6 +365,6 @@ def merged(n: int, here: list, mine, there: list, theirs) -> Screened:
             a = np.full(sum(c for _, c in here), np.nan) if a is None else a
             b = np.full(sum(c for _, c in there), np.nan) if b is None else b
         full = np.empty((n,) + a.shape[1:], dtype=a.dtype)
-        full[index(here)], full[index(there)] = a, b
+        full[run_indices(here)], full[run_indices(there)] = a, b
         out.append(full)
     return Screened(*out)

@@ -130,21 +130,7 @@ class Helper:
         self.receive(False)
         if not self.ready or self.in_hand is not None:
             return
-        pending, head, picked = self.pending, [], None
-        while pending:
-            b, tie, s = heapq.heappop(pending)
-            if b > kth:
-                pending.clear()   # nothing left can enter (the K-th best only rarely rises)
-                break
-            if s in self.mine or s in self.results:
-                continue
-            if b <= next_bound:
-                head.append((b, tie, s))   # the search's next entry
-                continue
-            picked = s
-            break
-        for item in head:
-            heapq.heappush(pending, item)
+        picked = self._pop_pending(kth, next_bound)
         if picked is None:
             return
         try:
@@ -175,15 +161,29 @@ class Helper:
     def _spare(self) -> Strategy | None:
         """The cheapest-bounded candidate pending that neither process has priced or is pricing
         and can still enter the top K (as of the last feed)."""
-        pending = self.pending
+        return self._pop_pending(self.kth, -float("inf"))
+
+    def _pop_pending(self, kth: float, above: float) -> Strategy | None:
+        """Take off the pending queue the cheapest-bounded candidate with a bound in (above,
+        kth] that neither process has priced or is pricing; those at or under `above` (the
+        search's next entry) stay pending, those priced are dropped, and past kth nothing can
+        enter the top K (the K-th best only rarely rises): the queue is cleared."""
+        pending, head, picked = self.pending, [], None
         while pending:
-            b, _, s = heapq.heappop(pending)
-            if b > self.kth:
+            b, tie, s = heapq.heappop(pending)
+            if b > kth:
                 pending.clear()
-                return None
-            if s != self.in_hand and s not in self.mine and s not in self.results:
-                return s
-        return None
+                break
+            if s == self.in_hand or s in self.mine or s in self.results:
+                continue
+            if b <= above:
+                head.append((b, tie, s))
+                continue
+            picked = s
+            break
+        for item in head:
+            heapq.heappush(pending, item)
+        return picked
 
     def screened(self):
         """What its first task returned: None if it had none, failed or died (the search then
