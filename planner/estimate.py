@@ -232,39 +232,57 @@ def stage_compute(model: ModelSpec, s: Strategy, i: int, start: int, end: int, g
     skip_dense, skip_moe = ((n_dense - (len(full_set) - n_moe_full), n_moe - n_moe_full)
                             if s.recompute == "full" else (0, 0))
     tk = time_key(s)
-    moe_full = n_moe - skip_moe if s.recompute == "full" else 0   # MoE layers re-run in backward
     share = P.moe_alone_share(s, i)
     best = None
     for g in groups:
         lt_d = layer_time_of(model, tk, g.gpu, False)
         lt_m = layer_time_of(model, tk, g.gpu, True) if model.is_moe else lt_d
-        f = n_dense * lt_d.forward
-        bwd = n_dense * (lt_d.backward_input + lt_d.backward_weight + lt_d.recompute) - skip_dense * lt_d.recompute
-        f, bwd = host_bound(f, bwd, n_dense * lt_d.host_forward, n_dense * lt_d.host_backward)
+        f, bwd = kind_pass_s(lt_d, s, False, n_dense, skip_dense, share)
         if n_moe:
-            # MoE layers as their schedule places them (GPU and host), split forward / backward
-            # in proportion to their GPU work
-            moe_s = (moe_full * P.moe_layer_costs(lt_m, s, NO_A2A, share, True)[0]
-                     + (n_moe - moe_full) * P.moe_layer_costs(lt_m, s, NO_A2A, share, False)[0])
-            gpu_f = n_moe * lt_m.forward
-            gpu_b = n_moe * (lt_m.backward_input + lt_m.backward_weight) + moe_full * lt_m.recompute
-            f += moe_s * gpu_f / (gpu_f + gpu_b)
-            bwd += moe_s * gpu_b / (gpu_f + gpu_b)
+            mf, mb = kind_pass_s(lt_m, s, True, n_moe, skip_moe, share)
+            f, bwd = f + mf, bwd + mb
         w = n_dense * lt_d.backward_weight + n_moe * lt_m.backward_weight
         core = n_dense * lt_d.core_attention_forward + n_moe * lt_m.core_attention_forward
-        if i == 0:
-            ef, eb = C.embedding_time(model, s, g.gpu)
-            f, bwd = f + ef, bwd + eb
-        if i == s.pp - 1:
-            of, ob = C.output_layer_time(model, s, g.gpu)
-            f, bwd = f + of, bwd + ob
-            if model.mtp_num_layers:
-                mf, mb = C.mtp_time(model, s, g.gpu,
-                                    layer_time_of(model, tk, g.gpu, model.is_moe_layer(model.num_layers - 1)))
-                f, bwd = f + mf, bwd + mb
+        ef, eb = stage_ends_s(model, s, i, g.gpu, tk)
+        f, bwd = f + ef, bwd + eb
         if best is None or f + bwd > best.forward_s + best.backward_s:
             best = StageCompute(f, bwd, w, core, g, (skip_dense, skip_moe), len(full_set))
     return best
+
+
+def kind_pass_s(lt, s: Strategy, moe: bool, n: int, skipped: int, share: float) -> tuple[float, float]:
+    """(forward, backward) seconds per micro-batch of n layers of one kind (LayerTime lt on the
+    stage's GPU), `skipped` of which a block-recompute stage does not re-run; `share`: the
+    stage's share of chunk steps run alone under the EP-overlap schedule (moe_alone_share).
+    Dense layers take the longer of the GPU's and the host's time (host_bound); MoE layers as
+    their schedule places them (GPU and host), split forward / backward in proportion to their
+    GPU work. Linear in n with skipped = 0: the bounds price a layer of each kind with it."""
+    if not moe:
+        f = n * lt.forward
+        bwd = n * (lt.backward_input + lt.backward_weight + lt.recompute) - skipped * lt.recompute
+        return host_bound(f, bwd, n * lt.host_forward, n * lt.host_backward)
+    full = n - skipped if s.recompute == "full" else 0   # MoE layers re-run in backward
+    moe_s = (full * P.moe_layer_costs(lt, s, NO_A2A, share, True)[0]
+             + (n - full) * P.moe_layer_costs(lt, s, NO_A2A, share, False)[0])
+    gpu_f = n * lt.forward
+    gpu_b = n * (lt.backward_input + lt.backward_weight) + full * lt.recompute
+    return moe_s * gpu_f / (gpu_f + gpu_b), moe_s * gpu_b / (gpu_f + gpu_b)
+
+
+def stage_ends_s(model: ModelSpec, s: Strategy, i: int, gpu, tk: Strategy) -> tuple[float, float]:
+    """(forward, backward) seconds per micro-batch of what rank i runs beside its layers: the
+    embedding on the first, the output layer and loss (and the MTP modules) on the last."""
+    f = bwd = 0.0
+    if i == 0:
+        ef, eb = C.embedding_time(model, s, gpu)
+        f, bwd = f + ef, bwd + eb
+    if i == s.pp - 1:
+        of, ob = C.output_layer_time(model, s, gpu)
+        f, bwd = f + of, bwd + ob
+        if model.mtp_num_layers:
+            mf, mb = C.mtp_time(model, s, gpu, layer_time_of(model, tk, gpu, model.is_moe_layer(model.num_layers - 1)))
+            f, bwd = f + mf, bwd + mb
+    return f, bwd
 
 
 def host_bound(forward_s: float, backward_s: float, host_forward_s: float, host_backward_s: float) -> tuple[float, float]:

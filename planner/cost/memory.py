@@ -221,7 +221,12 @@ def layer_range_params(model: ModelSpec, s: Strategy, start: int, end: int, firs
     output layer and MTP modules if `last`. With first = last = True over all layers: the sum
     over all stages."""
     n_moe = model.num_moe_layers_in(start, end)
-    n_dense = end - start - n_moe
+    return layer_count_params(model, s, end - start - n_moe, n_moe, first, last)
+
+
+def layer_count_params(model: ModelSpec, s: Strategy, n_dense: int, n_moe: int, first: bool, last: bool) -> StageParams:
+    """Parameters of n_dense dense and n_moe MoE layers (+ the ends of `first` and `last`, as in
+    layer_range_params): a stage's parameters depend on its layers through these counts only."""
     d = one_layer_params(model, False)
     e = one_layer_params(model, True) if n_moe else StageParams(0.0, 0.0, 0.0)
     dense = n_dense * d.dense + n_moe * e.dense

@@ -12,12 +12,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..placement import Placement, data_collectives
+import numpy as np
+
+from ..placement import DataCollective, Placement, data_collectives
 from ..specs.cluster import ClusterSpec, NodeGroup
 from ..specs.model import ModelSpec
 from ..strategy import Strategy
 from .activations import BYTES_16BIT
-from .comm import collective_time, group_link, hierarchical_all_to_all_time, p2p_link
+from .comm import Link, collective_time, group_link, hierarchical_all_to_all_time, p2p_link
 from .compute import FLASH_BACKWARD_FACTOR
 from .memory import gradient_comm_bytes, param_gather_bytes, warmup_microbatches
 from .moe_schedule import A2A, moe_layer_floor_s, moe_layer_seconds
@@ -432,6 +434,44 @@ def pp_cost(model: ModelSpec, s: Strategy, stage_groups: list[list[NodeGroup]], 
 
 # ---- DP ---------------------------------------------------------------------------------------
 
+@dataclass(frozen=True)
+class StageDataCollective:
+    """One data-parallel collective of a stage (placement.data_collectives) on its ranks: the
+    DP x CP group for dense parameters, the expert-data-parallel group for experts."""
+    collective: DataCollective
+    ranks: int
+    axis: str               # dp | edp
+    link: Link
+    bytes_per_param: float  # bytes sent per parameter (gradient or gathered parameter dtype)
+
+
+def dp_collectives(s: Strategy, placement: Placement, groups: list[NodeGroup],
+                   cluster: ClusterSpec) -> list[StageDataCollective]:
+    """The stage's data-parallel collectives over more than one rank."""
+    out = []
+    for dc in data_collectives(placement):
+        if dc.group == "experts":
+            n, stride, axis = s.expert_dp, s.expert_tp * s.ep, "edp"
+        else:
+            n, stride, axis = s.dp * s.cp, s.tp, "dp"
+        if n <= 1:
+            continue
+        el = gradient_comm_bytes(s) if dc.tensor == "gradients" else param_gather_bytes(s)
+        out.append(StageDataCollective(dc, n, axis, group_link(groups, n, stride, cluster), el))
+    return out
+
+
+def dp_step_exposed_s(comm_s, hide_s, n_layers, overlapped: bool):
+    """Seconds of a stage's per-step DP collectives (comm_s) the step sees after the pipeline
+    drains: with overlap they run bucket by bucket under the last micro-batch's backward
+    (gradients; the first forward for parameter gathers: hide_s), all but the last bucket (one
+    layer's worth) hidden up to hide_s; without, all of it. Works on numpy arrays (the bounds
+    price a stage at every layer count at once)."""
+    if not overlapped:
+        return comm_s
+    return np.maximum(comm_s - hide_s, 0.0) + comm_s / n_layers
+
+
 def dp_cost(model: ModelSpec, s: Strategy, placement: Placement, groups: list[NodeGroup], cluster: ClusterSpec,
             w: StageWork, per_rank: dict) -> AxisCost:
     """Data-parallel (and expert-data-parallel) collectives from the placement table: per step
@@ -458,17 +498,12 @@ def dp_cost(model: ModelSpec, s: Strategy, placement: Placement, groups: list[No
     step = {"grad": 0.0, "param": 0.0}
     mb = {"fwd": 0.0, "bwd": 0.0}
     raw = []   # (axis, kind, bytes, n, count, seconds each, bucket)
-    for dc in data_collectives(placement):
-        if dc.group == "experts":
-            n, stride, axis = s.expert_dp, s.expert_tp * s.ep, "edp"
-        else:
-            n, stride, axis = s.dp * s.cp, s.tp, "dp"
-        if n <= 1 or per_rank[dc.group] <= 0:
+    for c in dp_collectives(s, placement, groups, cluster):
+        dc = c.collective
+        if per_rank[dc.group] <= 0:
             continue
-        link = group_link(groups, n, stride, cluster)
-        el = gradient_comm_bytes(s) if dc.tensor == "gradients" else param_gather_bytes(s)
-        msg = per_rank[dc.group] * el
-        t1 = collective_time(dc.kind, msg, n, link)
+        msg = per_rank[dc.group] * c.bytes_per_param
+        t1 = collective_time(dc.kind, msg, c.ranks, c.link)
         if dc.when == "per-step":
             bucket = "grad" if dc.tensor == "gradients" else "param"
             step[bucket] += t1
@@ -477,28 +512,19 @@ def dp_cost(model: ModelSpec, s: Strategy, placement: Placement, groups: list[No
             bucket = "fwd" if dc.when.endswith("forward") else "bwd"
             mb[bucket] += t1
             cnt = m
-        raw.append((axis, dc.kind, msg, n, cnt, t1, bucket, link.bound_by))
+        raw.append((c.axis, dc.kind, msg, c.ranks, cnt, t1, bucket, c.link.bound_by))
     per_mb = 0.0
     if mb["fwd"] or mb["bwd"]:
         per_mb = (max(0.0, mb["fwd"] - w.forward_s) + max(0.0, mb["bwd"] - w.backward_s)
                   + (mb["fwd"] + mb["bwd"]) / n_layers)
-    after = 0.0
-    if s.overlap_grad_reduce:
-        after += max(0.0, step["grad"] - w.backward_s) + step["grad"] / n_layers
-    else:
-        after += step["grad"]
-    if s.overlap_param_gather:
-        after += max(0.0, step["param"] - w.forward_s) + step["param"] / n_layers
-    else:
-        after += step["param"]
+    exposed = {"grad": float(dp_step_exposed_s(step["grad"], w.backward_s, n_layers, s.overlap_grad_reduce)),
+               "param": float(dp_step_exposed_s(step["param"], w.forward_s, n_layers, s.overlap_param_gather))}
+    after = exposed["grad"] + exposed["param"]
     # each row's exposed share: its bucket's exposed time in proportion to its own time
     exposed_of = {"grad": 0.0, "param": 0.0, "fwd": 0.0, "bwd": 0.0}
-    if step["grad"]:
-        exposed_of["grad"] = (max(0.0, step["grad"] - w.backward_s) + step["grad"] / n_layers
-                              if s.overlap_grad_reduce else step["grad"]) / step["grad"]
-    if step["param"]:
-        exposed_of["param"] = (max(0.0, step["param"] - w.forward_s) + step["param"] / n_layers
-                               if s.overlap_param_gather else step["param"]) / step["param"]
+    for bucket in ("grad", "param"):
+        if step[bucket]:
+            exposed_of[bucket] = exposed[bucket] / step[bucket]
     if mb["fwd"] or mb["bwd"]:
         share = per_mb / (mb["fwd"] + mb["bwd"])
         exposed_of["fwd"] = exposed_of["bwd"] = share

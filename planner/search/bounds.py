@@ -20,6 +20,7 @@ from ..placement import data_collectives, placement_of
 from ..specs.cluster import ClusterSpec
 from ..specs.model import ModelSpec
 from ..strategy import Strategy
+from .after_bound import AfterStepRows, joint_bound
 from .minmax import (UNITS_TOL, integer_minmax, mixed_floor_counts, mixed_floor_rows, relaxed_minmax,
                      count_floor_groups, count_floor_rows, count_floor_unlimited, mixed_count_minmax, mixed_floor)
 from .screen import fit_rows
@@ -47,6 +48,7 @@ class Bounds:
         self._moe_only: dict = {}
         self._whole: dict = {}
         self._whole_kinds_of: dict = {}
+        self._after_rows = AfterStepRows(model, cluster)
 
     def layer_costs(self, s: Strategy, tk: Strategy, group_name: str) -> tuple[float, float]:
         """(dense, MoE) seconds per layer and micro-batch on this group: compute + TP (+ EP);
@@ -456,29 +458,51 @@ class Bounds:
 
     def candidate(self, s: Strategy, tk: Strategy, groups: tuple[str, ...], max_layers=None, extra_s=None) -> float:
         """Bound for one concrete candidate (its vpp, ZeRO stage and stage order):
-        (m - 1/v) T + W / v + the optimizer step, with T the least slowest-stage time and W the
+        (m - 1/v) T + W / v + the after-step term, with T the least slowest-stage time and W the
         least sum of stage times over all layer splits (pipeline.py: T_pipe = (m - 1/v) max t_i
-        + sum t_i / v; after the pipeline every stage runs its optimizer step, and the slowest
-        takes at least the mean shard on the fastest GPU; DP sync only adds).
+        + sum t_i / v). After the pipeline every stage runs its optimizer step and exposes the
+        DP traffic its last backward does not hide, the slowest stage setting the step: the
+        least over splits of the pipeline and that term together (after_bound.joint_bound,
+        with each stage's term at each layer count), or where a stage's backward may run more
+        than s's layers (extra_s), the least term of any stage (after_step).
         `max_layers`: the most layers each stage can hold in memory, if known; `extra_s`: seconds
         per micro-batch each stage adds on top of s's layer costs (recompute of k layers)."""
         p, v, m = s.pp, s.vpp, s.num_microbatches
-        L = self.model.num_layers
         names = sorted(set(groups))
         w, least = self.work(s, tk, names)
+        extras = self._stage_extras(s, tk, groups, extra_s)
+        W = least + sum(extras)
+
+        def pipe(caps) -> float:
+            T = self._least_T(s, w, groups, extras, caps)
+            return m * T if p == 1 else (m - 1.0 / v) * T + W / v
+
+        plain = pipe(max_layers) + self.after_step(s, names)
+        if extra_s is not None or plain == float("inf"):
+            return plain
+        L, (q, _) = self.model.num_layers, self._layer_blocks(v)
+        n = np.arange(L + 1)
+        room = np.full(p, L) if max_layers is None else np.asarray(max_layers)
+        counts_ok = (n[None, :] >= v) & (n[None, :] % q == 0) & (n[None, :] <= room[:, None])
+        joint = joint_bound(self._after_rows.rows(s, tk, groups), counts_ok, pipe)
+        return max(plain, joint)
+
+    def _least_T(self, s: Strategy, w: dict, groups: tuple[str, ...], extras: list, max_layers) -> float:
+        """The least slowest-stage time over all layer splits with stage i holding at most
+        max_layers[i] layers (None: any), its extras included (candidate's T)."""
+        p, v = s.pp, s.vpp
+        L = self.model.num_layers
         stages: dict = {}
         moe_stages: dict = {}   # for the mixed count bound: (an MoE layer's seconds, fixed, most layers)
-        W = least
         B, saves = [], []     # for the mixed floor: stage cost at v MoE layers, a dense layer's saving
         q, n_blocks = self._layer_blocks(v)
-        for i, (g, e) in enumerate(zip(groups, self._stage_extras(s, tk, groups, extra_s))):
+        for i, (g, e) in enumerate(zip(groups, extras)):
             n_cap = L if max_layers is None else max_layers[i] - max_layers[i] % q
             cap = float("inf") if max_layers is None else n_cap * w["unit_max"]
             key = (w["rate"][g], w["floor"][g], e, cap, n_cap)
             stages[key] = stages.get(key, 0) + 1
             mkey = (w["moe"][g], e, n_cap)
             moe_stages[mkey] = moe_stages.get(mkey, 0) + 1
-            W += e
             B.append(v * w["moe"][g] + e)
             saves.append(w["dense_saves"][g])
         # whole layers, q at a time: a stage holds n_cap // q blocks of q layers of q f seconds
@@ -488,13 +512,12 @@ class Bounds:
             blocks[bkey] = blocks.get(bkey, 0) + k
         T = max(relaxed_minmax(stages, w["units"], v), integer_minmax(blocks, n_blocks, -(-v // q)))
         mixed = self._n_dense_mixed()
-        if mixed is not None:
+        if mixed is not None and T < float("inf"):
             reach = self.dense_ranks(p, v)
             T = max(T, mixed_floor(B, saves, mixed, v, [r not in reach for r in range(p)]))
             if max_layers is not None:
                 T = max(T, mixed_count_minmax(moe_stages, L, mixed, T))
-        pipe = m * T if p == 1 else (m - 1.0 / v) * T + W / v
-        return pipe + self.after_step(s, names)
+        return T
 
     def _stage_extras(self, s: Strategy, tk: Strategy, groups: tuple[str, ...], extra_s=None) -> list[float]:
         """Per stage, the seconds a micro-batch spends there beyond its layers: the embedding on
@@ -566,7 +589,9 @@ class Bounds:
         stages): the optimizer step of the slowest stage takes at least the mean shard on the
         fastest GPU (Adam is memory-bound, affine in its bytes), and every stage exposes at
         least its last layer's per-step DP collectives (estimate: t_dp / n_layers, and t_dp is
-        affine in the bytes, so t_dp / n >= the bandwidth term of one layer's share)."""
+        affine in the bytes, so t_dp / n >= the bandwidth term of one layer's share).
+        `candidate` prices the term stage by stage (after_bound.py); this is what every cell
+        and family can afford (10^4 of them)."""
         z = s.zero_stage if zero is None else zero
         key = (s.tp, s.pp, s.dp, s.cp, s.ep, s.etp, z, s.offload_optimizer, tuple(names))
         v = self._after.get(key)
