@@ -44,6 +44,8 @@ _MIXES_MAX = 16
 # Pipeline bounds evaluated per candidate by joint_bound's branch and bound before it settles
 # for the least bound of the intervals left (still a bound; most end proven before this).
 _JOINT_EVALS_MAX = 24
+# Stage terms stage_after keeps (a few per candidate priced) before it starts again.
+_TERMS_KEPT = 4096
 
 
 class AfterStepRows:
@@ -55,6 +57,7 @@ class AfterStepRows:
         self.n_kind = {False: model.num_layers - n_moe, True: n_moe}
         self._rows: dict = {}
         self._tied: dict = {}
+        self._terms_of: dict = {}
 
     def rows(self, s: Strategy, tk: Strategy, groups: tuple[str, ...]) -> np.ndarray:
         """[p, L + 1]: row i, column n, the least after-step seconds of stage i (on node group
@@ -107,49 +110,72 @@ class AfterStepRows:
             rest = n - k
             yield {rare: np.full_like(n, k), other: np.maximum(rest, 0)}, (rest >= 0) & (rest <= self.n_kind[other])
 
+    def stage_after(self, s: Strategy, tk: Strategy, groups: tuple[str, ...], i: int, counts: dict) -> np.ndarray:
+        """Stage i's after-step seconds (on node group groups[i]) holding counts[moe] layers of
+        each kind (arrays of one shape), as estimate prices it: its DP collectives, optimizer
+        step and, on an end, the tied embedding's all-reduce. Without an offloaded optimizer
+        (whose host share this leaves out: then a lower bound)."""
+        base = _base(s)
+        share = moe_alone_share(s, i)
+        key = (base, groups[i], i == 0, i == s.pp - 1, share)
+        terms = self._terms_of.get(key)
+        if terms is None:
+            if len(self._terms_of) >= _TERMS_KEPT:
+                self._terms_of.clear()
+            terms = self._terms_of[key] = self._terms(s, tk, i, groups[i], share)
+        n = sum(counts.get(moe, 0) for moe in (False, True))
+        tied = self._tied_s(base, groups)
+        end = (tied[0] if i == 0 else 0.0) + (tied[1] if i == s.pp - 1 and s.pp > 1 else 0.0)
+        return self._after(terms, {moe: counts.get(moe, 0) for moe in self.model.layer_kinds}, False, n) + end
+
     def _row(self, s: Strategy, tk: Strategy, i: int, group_name: str, share: float) -> np.ndarray:
-        model, cluster = self.model, self.cluster
-        g = cluster.group(group_name)
-        p = s.pp
-        first, last = i == 0, i == p - 1
-        kinds = model.layer_kinds
-        # per layer of each kind: (forward, backward) seconds per micro-batch and parameters
-        lt = {moe: layer_time_of(model, tk, g.gpu, moe) for moe in kinds}
-        pace = {moe: kind_pass_s(lt[moe], s, moe, 1, 0, share) for moe in kinds}
-        params = {moe: one_layer_params(model, moe) for moe in kinds}
-        ef, eb = stage_ends_s(model, s, i, g.gpu, tk)
-        end_params = layer_count_params(model, s, 0, 0, first, last)
-        placement = placement_of(s)
-        step_bytes = C.adam_step_bytes_per_param(s)
-        n = np.arange(model.num_layers + 1)
+        terms = self._terms(s, tk, i, group_name, share)
+        n = np.arange(self.model.num_layers + 1)
         best = np.full(len(n), np.inf)
         for counts, ok in self._mixes(n):
             bounded = counts is None   # many of both kinds: the lighter bytes, the longer backward
             if bounded:
-                counts, ok = {moe: n for moe in kinds}, np.ones(len(n), dtype=bool)
-            a = self._after(s, g, placement, step_bytes, counts, bounded, pace, params, (ef, eb), end_params, n)
+                counts, ok = {moe: n for moe in self.model.layer_kinds}, np.ones(len(n), dtype=bool)
+            a = self._after(terms, counts, bounded, n)
             best = np.where(ok & (n > 0), np.minimum(best, a), best)
         return best
 
-    def _after(self, s, g, placement, step_bytes, counts, bounded, pace, params, ends, end_params, n):
+    def _terms(self, s: Strategy, tk: Strategy, i: int, group_name: str, share: float) -> dict:
+        """What stage i's after-step depends on besides its layer counts: per layer of each kind
+        its (forward, backward) seconds per micro-batch and parameters, the same for its ends,
+        the placement and its DP collectives on the stage's group."""
+        model = self.model
+        g = self.cluster.group(group_name)
+        kinds = model.layer_kinds
+        placement = placement_of(s)
+        return {"s": s, "gpu": g.gpu, "placement": placement,
+                "pace": {moe: kind_pass_s(layer_time_of(model, tk, g.gpu, moe), s, moe, 1, 0, share) for moe in kinds},
+                "params": {moe: one_layer_params(model, moe) for moe in kinds},
+                "ends": stage_ends_s(model, s, i, g.gpu, tk),
+                "end_params": layer_count_params(model, s, 0, 0, i == 0, i == s.pp - 1),
+                "collectives": [c for c in dp_collectives(s, placement, [g], self.cluster)
+                                if c.collective.when == "per-step"]}
+
+    @staticmethod
+    def _after(terms: dict, counts: dict, bounded: bool, n):
         """The after-step seconds of a stage holding counts[moe] layers of each kind, as estimate
-        computes it (vectorised over the layer count n). `bounded`: counts are n of every kind
-        and each term takes its least favourable kind per layer (a bound on every mix)."""
+        computes it (vectorised over the counts; n their sum). `bounded`: counts are n of
+        every kind and each term takes its least favourable kind per layer (a bound on every
+        mix)."""
         def kind_sum(per_kind: dict, end, most: bool):
             vals = [counts[moe] * x for moe, x in per_kind.items()]
             if not bounded:
                 return sum(vals) + end
             return (np.maximum if most else np.minimum).reduce(vals) + end
 
-        fwd = kind_sum({moe: x[0] for moe, x in pace.items()}, ends[0], True)
-        bwd = kind_sum({moe: x[1] for moe, x in pace.items()}, ends[1], True)
+        s, placement, ends, end_params = terms["s"], terms["placement"], terms["ends"], terms["end_params"]
+        fwd = kind_sum({moe: x[0] for moe, x in terms["pace"].items()}, ends[0], True)
+        bwd = kind_sum({moe: x[1] for moe, x in terms["pace"].items()}, ends[1], True)
         comm = {"gradients": 0.0, "parameters": 0.0}
-        for c in dp_collectives(s, placement, [g], self.cluster):
+        for c in terms["collectives"]:
             dc = c.collective
-            if dc.when != "per-step":
-                continue
             factor = placement.model_shard_factor(dc.group) * c.bytes_per_param
-            per_layer = {moe: getattr(x, dc.group) * factor for moe, x in params.items()}
+            per_layer = {moe: getattr(x, dc.group) * factor for moe, x in terms["params"].items()}
             msg = kind_sum(per_layer, getattr(end_params, dc.group) * factor, False)
             comm[dc.tensor] = comm[dc.tensor] + _collective_s(dc.kind, msg, c.ranks, c.link)
         layers = np.maximum(n, 1)
@@ -161,8 +187,8 @@ class AfterStepRows:
         def shard(x) -> float:
             return sum(getattr(x, k) * placement.shard_factor("optimizer", k) for k in ("dense", "norms", "experts"))
 
-        opt_params = kind_sum({moe: shard(x) for moe, x in params.items()}, shard(end_params), False)
-        return after + C.optimizer_time(opt_params, g.gpu, step_bytes)
+        opt_params = kind_sum({moe: shard(x) for moe, x in terms["params"].items()}, shard(end_params), False)
+        return after + C.optimizer_time(opt_params, terms["gpu"], C.adam_step_bytes_per_param(s))
 
 
 def _base(s: Strategy) -> Strategy:

@@ -36,6 +36,10 @@ class PartitionProblem:
     # most layers each stage can hold, when the caller knows it exactly (memory that is not
     # additive in the layers, e.g. uneven virtual chunks); None: layer_mem alone decides
     max_layers: np.ndarray | None = None
+    # [p, L + 1, L + 1] seconds stage i adds once per step after the pipeline drains when it
+    # holds layers [j, k) (DP collectives its backward does not hide, optimizer step); the
+    # step pays the largest. None: the pipeline alone
+    after: np.ndarray | None = None
 
     @property
     def p(self) -> int:
@@ -45,8 +49,18 @@ class PartitionProblem:
     def L(self) -> int:
         return self.layer_time.shape[1]
 
-    def objective(self, times) -> float:
-        return (self.m - 1.0 / self.v) * max(times) + sum(times) / self.v
+    def objective(self, times, afters=()) -> float:
+        """Step seconds of a split: its pipeline time and the largest after-step term."""
+        return (self.m - 1.0 / self.v) * max(times) + sum(times) / self.v + max(afters, default=0.0)
+
+    def stage_afters(self, split: tuple[int, ...]) -> list[float]:
+        if self.after is None:
+            return []
+        bounds = np.concatenate([[0], np.cumsum(split)])
+        return [float(self.after[i, bounds[i], bounds[i + 1]]) for i in range(len(split))]
+
+    def step_time(self, split: tuple[int, ...]) -> float:
+        return self.objective(self.stage_costs(split)[0], self.stage_afters(split))
 
     def stage_costs(self, split: tuple[int, ...]):
         times, mems, start = [], [], 0
@@ -96,20 +110,24 @@ _MATRIX_CACHE_ENTRIES = 8_000_000
 
 
 class _Matrices:
-    """The per-stage matrices of one problem, built once per pass or kept between passes."""
+    """The per-stage matrices of one problem, built once per pass or kept between passes;
+    `allowed` ([p, L + 1, L + 1] or None) further limits the (start, end) pairs a stage takes."""
 
-    def __init__(self, P_t, P_m, prob: PartitionProblem, multiple: int, least: int):
+    def __init__(self, P_t, P_m, prob: PartitionProblem, multiple: int, least: int, allowed=None):
         self.args = (P_t, P_m, prob, multiple, least)
         self.keep = prob.p * (prob.L + 1) ** 2 <= _MATRIX_CACHE_ENTRIES
         self.cache: dict = {}
+        self.allowed = allowed
 
     def __call__(self, i: int):
         P_t, P_m, prob, multiple, least = self.args
         if not self.keep:
-            return _stage_matrices(P_t, P_m, prob, i, multiple, least)
-        if i not in self.cache:
-            self.cache[i] = _stage_matrices(P_t, P_m, prob, i, multiple, least)
-        return self.cache[i]
+            t, valid = _stage_matrices(P_t, P_m, prob, i, multiple, least)
+        else:
+            if i not in self.cache:
+                self.cache[i] = _stage_matrices(P_t, P_m, prob, i, multiple, least)
+            t, valid = self.cache[i]
+        return (t, valid) if self.allowed is None else (t, valid & self.allowed[i])
 
 
 def _dp_min_sum(mats: _Matrices, prob: PartitionProblem, bound: float):
@@ -159,8 +177,8 @@ class _Uniform:
     the rest go to the cheapest stages first, each up to what the bound and its memory allow
     (costs are linear in the counts, so the exchange argument makes greedy exact)."""
 
-    def __init__(self, prob: PartitionProblem, multiple: int, least: int):
-        self.prob, self.q, self.n0 = prob, multiple, least
+    def __init__(self, prob: PartitionProblem, multiple: int, least: int, count_range=None):
+        self.prob, self.q = prob, multiple
         self.c = prob.layer_time[:, 0]
         k = prob.layer_mem[:, 0]
         mem_room = np.floor((prob.capacity - prob.extra_mem) / k + _REL_TOL)
@@ -168,10 +186,17 @@ class _Uniform:
         if prob.max_layers is not None:
             room = np.asarray(prob.max_layers, dtype=float)   # exact, from the caller
         self.n_mem = (room // multiple * multiple).astype(np.int64)
+        # the fewest layers each stage takes; count_range ([p] lows, [p] highs): a further
+        # range of counts per stage (the after-step's, _count_ranges)
+        self.n_low = np.full(prob.p, least, dtype=np.int64)
+        if count_range is not None:
+            lo, hi = count_range
+            self.n_low = np.maximum(self.n_low, -(-lo // multiple) * multiple)
+            self.n_mem = np.minimum(self.n_mem, hi // multiple * multiple)
 
     def bounds(self) -> np.ndarray:
         p = self.prob
-        vals = [self.c[i] * np.arange(self.n0, int(min(self.n_mem[i], p.L)) + 1, self.q) + p.extra_time[i]
+        vals = [self.c[i] * np.arange(self.n_low[i], int(min(self.n_mem[i], p.L)) + 1, self.q) + p.extra_time[i]
                 for i in range(p.p)]
         v = np.unique(np.concatenate(vals)) if vals else np.zeros(0)
         if len(v) > 1:
@@ -182,9 +207,9 @@ class _Uniform:
         prob, q = self.prob, self.q
         by_time = np.floor((bound * (1 + _REL_TOL) - prob.extra_time) / self.c + _REL_TOL)
         upper = np.minimum(self.n_mem, np.maximum(by_time, 0) // q * q).astype(np.int64)
-        if (upper < self.n0).any() or upper.sum() < prob.L:
+        if (upper < self.n_low).any() or upper.sum() < prob.L or self.n_low.sum() > prob.L:
             return np.inf, None
-        n = np.full(prob.p, self.n0, dtype=np.int64)
+        n = self.n_low.copy()
         left = prob.L - n.sum()
         for i in np.argsort(self.c, kind="stable"):
             add = min(left, upper[i] - n[i])
@@ -205,19 +230,97 @@ def partition_dp(prob: PartitionProblem, multiple: int = 1, max_bounds: int = 64
     (even virtual chunks need layers divisible by v); `least`: each stage holds at least this
     many layers (one per virtual chunk; default `multiple`). Models of one layer kind take the
     greedy path of `_Uniform` (O(p log p) per bound instead of O(p L^2)), whose work cap
-    `max_uniform_bounds` is far above the p x L bounds it can have, so it always ends proven."""
+    `max_uniform_bounds` is far above the p x L bounds it can have, so it always ends proven.
+    With after-step terms (prob.after) the step's split (_partition_after)."""
     least = multiple if least is None else least
     if prob.L % multiple or least % multiple:
         return PartitionResult(None, float("inf"), "dp", "infeasible")
-    if _is_uniform(prob):
-        uniform = _Uniform(prob, multiple, least)
+    if prob.after is not None:
+        return _partition_after(prob, multiple, max_bounds, least, max_uniform_bounds)
+    return _partition_pipe(prob, multiple, max_bounds, least, max_uniform_bounds)
+
+
+# Rounds of _partition_after (pipeline solves, each under a lower cap on the after-step) before
+# it reports the gap left; a round moves the stage that sets the after-step, and few do.
+_AFTER_ROUNDS_MAX = 32
+
+
+def _partition_after(prob: PartitionProblem, multiple: int, max_bounds: int, least: int,
+                     max_uniform_bounds: int) -> PartitionResult:
+    """The split of least step time: pipeline + the largest stage's after-step term. Round r
+    solves the pipeline exactly with every stage's after-step <= cap_r (cap_0 = inf): its split
+    S_r beats every split whose after-step lies in [A(S_r), cap_r] (no faster pipeline, no
+    smaller after-step), so cap_{r+1} is the next value below A(S_r), until no split is left
+    or the pipeline of round r plus the least after-step any split can have is no better than
+    the best found (each round's pipeline is at least the last's)."""
+    n = np.arange(prob.L + 1)
+    cnt = n[None, :] - n[:, None]
+    shape_ok = (cnt >= max(least, 1)) & (cnt % multiple == 0)
+    per_stage = np.where(shape_ok[None], prob.after, np.inf)
+    a_floor = float(per_stage.reshape(prob.p, -1).min(axis=1).max())
+    values = np.unique(per_stage[np.isfinite(per_stage)])
+    best, best_obj, lb, cap = None, float("inf"), float("inf"), float("inf")
+    for _ in range(_AFTER_ROUNDS_MAX):
+        allowed = None if cap == float("inf") else prob.after <= cap
+        res = _partition_pipe(prob, multiple, max_bounds, least, max_uniform_bounds, allowed)
+        if res.layers is None:
+            lb = min(lb, best_obj)   # no split is left under the cap
+            break
+        a_split = max(prob.stage_afters(res.layers))
+        obj = res.objective + a_split
+        if obj < best_obj - 1e-15:
+            best, best_obj = res, obj
+        pipe_lb = res.objective * (1 - res.gap)
+        lb = min(lb, pipe_lb + a_split)   # the splits this round covers
+        below = values[values < a_split]
+        if pipe_lb + a_floor >= best_obj or len(below) == 0:
+            lb = min(lb, best_obj)
+            break
+        cap = float(below[-1])
+    else:
+        lb = min(lb, pipe_lb + a_floor)   # rounds left: what the splits not covered can reach
+    if best is None:
+        return PartitionResult(None, float("inf"), "dp", "infeasible")
+    gap = max(0.0, (best_obj - lb) / best_obj)
+    return PartitionResult(best.layers, best_obj, "dp", "optimal" if gap == 0.0 else "bound-limit", gap)
+
+
+def _count_ranges(prob: PartitionProblem, allowed):
+    """For a model of one layer kind (stage costs depend on counts only): the layer counts
+    `allowed` leaves each stage as ([p] lows, [p] highs), or None when a stage's are not one
+    range (the DP then takes them as they are)."""
+    ok = allowed[:, 0, :]   # stage i holding layers [0, n): a count n
+    n = np.arange(prob.L + 1)
+    cnt = n[None, :] - n[:, None]
+    pairs = cnt > 0
+    lo, hi = np.zeros(prob.p, dtype=np.int64), np.zeros(prob.p, dtype=np.int64)
+    for i in range(prob.p):
+        if not np.array_equal(allowed[i][pairs], ok[i][cnt[pairs]]):
+            return None   # not a function of the count alone
+        idx = np.flatnonzero(ok[i, 1:]) + 1
+        if len(idx) == 0:
+            lo[i], hi[i] = prob.L + 1, 0
+            continue
+        if not ok[i, idx[0]:idx[-1] + 1].all():
+            return None
+        lo[i], hi[i] = idx[0], idx[-1]
+    return lo, hi
+
+
+def _partition_pipe(prob: PartitionProblem, multiple: int, max_bounds: int, least: int, max_uniform_bounds: int,
+                    allowed=None) -> PartitionResult:
+    """The split of least pipeline time (module doc), each stage taking only the (start, end)
+    pairs `allowed` permits ([p, L + 1, L + 1], None: all)."""
+    ranges = None if allowed is None or not _is_uniform(prob) else _count_ranges(prob, allowed)
+    if _is_uniform(prob) and (allowed is None or ranges is not None):
+        uniform = _Uniform(prob, multiple, least, ranges)
         bounds = uniform.bounds()
         min_sum = uniform
         max_bounds = max_uniform_bounds
     else:
         P_t = np.concatenate([np.zeros((prob.p, 1)), np.cumsum(prob.layer_time, axis=1)], axis=1)
         P_m = np.concatenate([np.zeros((prob.p, 1)), np.cumsum(prob.layer_mem, axis=1)], axis=1)
-        mats = _Matrices(P_t, P_m, prob, multiple, least)
+        mats = _Matrices(P_t, P_m, prob, multiple, least, allowed)
         bounds = _candidate_bounds(mats, prob)
 
         def min_sum(bound):

@@ -17,6 +17,7 @@ from ..placement import placement_of
 from ..specs.cluster import ClusterSpec
 from ..specs.model import ModelSpec
 from ..strategy import Strategy
+from .after_bound import AfterStepRows
 from .partition import PartitionProblem, partition_dp, partition_ilp
 from .screen import stage_gpu
 from .space import warn
@@ -81,7 +82,47 @@ def partition_problem(model: ModelSpec, cluster: ClusterSpec, s: Strategy, e: Es
         et[i] = st.per_microbatch_s - lt[i, a:b].sum()
         em[i] = mem.total - lm[i, a:b].sum()
         cap[i] = mem.safe_capacity if safe else mem.capacity
-    return PartitionProblem(lt, lm, et, em, cap, s.num_microbatches, s.vpp)
+    return PartitionProblem(lt, lm, et, em, cap, s.num_microbatches, s.vpp, after=after_matrix(model, cluster, s, e))
+
+
+@lru_cache(maxsize=4)
+def _interval_counts(model: ModelSpec) -> tuple:
+    """For layers [j, k) (k > j: `held`): their dense and MoE counts ([L + 1, L + 1] each), and
+    the grid of every (dense, MoE) pair: a stage's after-step depends on its layers through
+    these counts only, so it is priced once per pair."""
+    L = model.num_layers
+    n = np.arange(L + 1)
+    moe_before = np.concatenate([[0], np.cumsum([model.is_moe_layer(k) for k in range(L)])])
+    n_all = n[None, :] - n[:, None]
+    held = n_all > 0
+    n_moe = np.where(held, moe_before[None, :] - moe_before[:, None], 0)
+    n_dense = np.where(held, n_all, 0) - n_moe
+    grid = np.meshgrid(np.arange(L - moe_before[-1] + 1), np.arange(moe_before[-1] + 1), indexing="ij")
+    return held, n_dense, n_moe, grid
+
+
+@lru_cache(maxsize=4)
+def _after_rows(model: ModelSpec, cluster: ClusterSpec) -> AfterStepRows:
+    """One AfterStepRows per model and cluster, so that its per-stage terms are shared by the
+    candidates priced."""
+    return AfterStepRows(model, cluster)
+
+
+def after_matrix(model: ModelSpec, cluster: ClusterSpec, s: Strategy, e: Estimate) -> np.ndarray | None:
+    """[p, L + 1, L + 1]: the after-step seconds estimate charges stage i holding layers [j, k)
+    (its DP collectives past its backward, optimizer step, tied embedding; AfterStepRows.
+    stage_after, from estimate's own functions), so that the split minimises the step and not
+    the pipeline alone. None where a stage spans several node groups or the optimizer is
+    offloaded (terms stage_after does not price exactly): the pipeline alone then."""
+    if s.offload_optimizer or any("+" in g for g in e.stage_groups):
+        return None
+    held, n_dense, n_moe, grid = _interval_counts(model)
+    rows = _after_rows(model, cluster)
+    tk, groups = time_key(s), tuple(e.stage_groups)
+    out = np.stack([rows.stage_after(s, tk, groups, i, {False: grid[0], True: grid[1]})[n_dense, n_moe]
+                    for i in range(s.pp)])
+    out[:, ~held] = np.inf
+    return out
 
 
 def refine_partition(model, cluster, s: Strategy, e: Estimate, solver: str, warnings: list, gaps=None,
