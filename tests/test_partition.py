@@ -7,6 +7,8 @@ from planner.search.partition import PartitionProblem, partition_dp, partition_i
 
 
 def brute(prob, multiple=1):
+    """The least objective over every split (the step: pipeline + the largest after-step term
+    where prob.after is set, else the pipeline)."""
     best = (float("inf"), None)
     L, p = prob.L, prob.p
     for cuts in itertools.combinations(range(1, L), p - 1):
@@ -14,8 +16,7 @@ def brute(prob, multiple=1):
         split = tuple(bounds[i + 1] - bounds[i] for i in range(p))
         if any(n % multiple for n in split) or not prob.feasible(split):
             continue
-        t, _ = prob.stage_costs(split)
-        best = min(best, (prob.objective(t), split))
+        best = min(best, (prob.step_time(split), split))
     return best
 
 
@@ -63,19 +64,6 @@ def test_uniform_layers_greedy_path_matches_brute_force(seed):
     assert ilp.objective == pytest.approx(obj, rel=1e-6)
 
 
-def brute_step(prob, multiple=1):
-    """The least step time (pipeline + the largest after-step term) over every split."""
-    best = (float("inf"), None)
-    L, p = prob.L, prob.p
-    for cuts in itertools.combinations(range(1, L), p - 1):
-        bounds = (0,) + cuts + (L,)
-        split = tuple(bounds[i + 1] - bounds[i] for i in range(p))
-        if any(n % multiple for n in split) or not prob.feasible(split):
-            continue
-        best = min(best, (prob.step_time(split), split))
-    return best
-
-
 def _after_by_count(rng, p, L, convex):
     """[p, L + 1, L + 1] after-step seconds that depend on a stage's layer count only: convex in
     it (DP traffic past the backward grows with the layers, one layer's share shrinks), or any."""
@@ -106,7 +94,7 @@ def test_dp_with_after_step_matches_brute_force(seed):
     cap = np.full(p, float(rng.uniform(L / p * 1.5, L / p * 3.0)))
     prob = PartitionProblem(lt, lm, rng.uniform(0, 1, p), rng.uniform(0, 2, p), cap,
                             m=int(rng.integers(2, 8)), v=multiple, after=after)
-    obj, split = brute_step(prob, multiple)
+    obj, split = brute(prob, multiple)
     dp = partition_dp(prob, multiple=multiple)
     if split is None:
         assert dp.layers is None
