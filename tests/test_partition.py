@@ -64,15 +64,19 @@ def test_uniform_layers_greedy_path_matches_brute_force(seed):
     assert ilp.objective == pytest.approx(obj, rel=1e-6)
 
 
-def _after_by_count(rng, p, L, convex):
-    """[p, L + 1, L + 1] after-step seconds that depend on a stage's layer count only: convex in
-    it (DP traffic past the backward grows with the layers, one layer's share shrinks), or any."""
+def _after_by_count(rng, p, L, convex, by_interval):
+    """After-step seconds that depend on a stage's layer count only: convex in it (DP traffic
+    past the backward grows with the layers, one layer's share shrinks), or any; [p, L + 1] by
+    count, or [p, L + 1, L + 1] by interval."""
     n = np.arange(L + 1)
     if convex:
         grow, share = rng.uniform(0.0, 1.5, size=(p, 1)), rng.uniform(0.0, 2.0, size=(p, 1))
         row = grow * np.maximum(n - rng.integers(0, L, size=(p, 1)), 0) + share / np.maximum(n, 1)
     else:
         row = rng.uniform(0.0, 4.0, size=(p, L + 1))
+    row[:, 0] = np.inf
+    if not by_interval:
+        return row
     cnt = np.clip(n[None, :] - n[:, None], 0, L)
     return row[:, cnt]
 
@@ -80,8 +84,9 @@ def _after_by_count(rng, p, L, convex):
 @pytest.mark.parametrize("seed", range(24))
 def test_dp_with_after_step_matches_brute_force(seed):
     """With after-step terms the DP minimises the step, not the pipeline alone: models of one
-    layer kind (the greedy path when each stage's allowed counts form one range, else the DP)
-    and of two kinds (terms that depend on where the stage's layers start), against brute force."""
+    layer kind (terms by count or by interval; the greedy path when each stage's allowed counts
+    form one range, else the DP) and of two kinds (terms that depend on where the stage's
+    layers start), against brute force."""
     rng = np.random.default_rng(300 + seed)
     p, multiple = int(rng.integers(2, 4)), int(rng.choice([1, 2]))
     L = multiple * int(rng.integers(p, 10 // multiple + p))
@@ -89,7 +94,7 @@ def test_dp_with_after_step_matches_brute_force(seed):
     uniform = seed % 3 != 2
     lt = np.repeat(speed, L, axis=1) if uniform else speed * rng.uniform(0.8, 1.2, size=(1, L))
     lm = np.repeat(rng.uniform(1.0, 2.0, size=(p, 1)), L, axis=1)
-    after = (_after_by_count(rng, p, L, convex=seed % 3 == 0) if uniform
+    after = (_after_by_count(rng, p, L, convex=seed % 3 == 0, by_interval=seed % 2 == 0) if uniform
              else rng.uniform(0.0, 4.0, size=(p, L + 1, L + 1)))
     cap = np.full(p, float(rng.uniform(L / p * 1.5, L / p * 3.0)))
     prob = PartitionProblem(lt, lm, rng.uniform(0, 1, p), rng.uniform(0, 2, p), cap,

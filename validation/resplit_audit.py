@@ -2,17 +2,17 @@
 
 Usage: python validation/resplit_audit.py MODEL CLUSTER GLOBAL_BATCH SEQ [--within F]
 
-The search prices each candidate on the split that minimises its pipeline time
-(search/partition.py: (m - 1/v) max t_i + sum t_i / v). The step also pays each stage's
-after-step term (estimate: the per-step DP collectives not hidden under the last micro-batch's
-backward, and the optimizer step), the largest over stages, and where DP traffic outlasts a
-micro-batch's backward that term grows with a stage's layers: a split that moves layers off
-that stage can be faster although its pipeline is slower. This runs the search (jobs 1), then
-for every candidate priced that fits with margin within F (default 6%) of #1 it climbs from its
-priced split, moving vpp layers (a layer with --uneven-chunks) across one stage boundary at a
-time while the estimated step falls and every stage still fits with margin. Printed: how many
-such candidates a re-split improves, the largest gain, and whether any re-split beats #1 (the
-search would then have missed a faster plan; exit 1)."""
+The search prices each candidate on the split of least step time (search/partition.py: the
+pipeline (m - 1/v) max t_i + sum t_i / v, with each layer's per-micro-batch exposure as on the
+starting split, plus the largest stage's after-step term: the per-step DP collectives not
+hidden under the last micro-batch's backward, the optimizer step). An estimate of another split
+prices everything anew, so this checks the partition's objective against `estimate` itself:
+it runs the search (jobs 1), then for every candidate priced that fits with margin within F
+(default 6%) of #1 it climbs from its priced split, moving vpp layers (a layer with
+--uneven-chunks) across one stage boundary at a time while the estimated step falls and every
+stage still fits with margin. Printed: how many such candidates a re-split improves, the
+largest gain, and whether any re-split beats #1 (the search would then have missed a faster
+plan; exit 1)."""
 
 from __future__ import annotations
 

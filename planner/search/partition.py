@@ -36,9 +36,11 @@ class PartitionProblem:
     # most layers each stage can hold, when the caller knows it exactly (memory that is not
     # additive in the layers, e.g. uneven virtual chunks); None: layer_mem alone decides
     max_layers: np.ndarray | None = None
-    # [p, L + 1, L + 1] seconds stage i adds once per step after the pipeline drains when it
-    # holds layers [j, k) (DP collectives its backward does not hide, optimizer step); the
-    # step pays the largest. None: the pipeline alone
+    # seconds stage i adds once per step after the pipeline drains (DP collectives its
+    # backward does not hide, optimizer step; the step pays the largest), [p, L + 1, L + 1]
+    # for it holding layers [j, k), or [p, L + 1] for it holding n layers where only the count
+    # matters (a model of one layer kind: L^2 numbers would be 8 MB a stage at 1,000 layers).
+    # None: the pipeline alone
     after: np.ndarray | None = None
 
     @property
@@ -56,6 +58,8 @@ class PartitionProblem:
     def stage_afters(self, split: tuple[int, ...]) -> list[float]:
         if self.after is None:
             return []
+        if self.after.ndim == 2:
+            return [float(self.after[i, n]) for i, n in enumerate(split)]
         bounds = np.concatenate([[0], np.cumsum(split)])
         return [float(self.after[i, bounds[i], bounds[i + 1]]) for i in range(len(split))]
 
@@ -254,7 +258,7 @@ def _partition_after(prob: PartitionProblem, multiple: int, max_bounds: int, lea
     or the pipeline of round r plus the least after-step any split can have is no better than
     the best found (each round's pipeline is at least the last's)."""
     n = np.arange(prob.L + 1)
-    cnt = n[None, :] - n[:, None]
+    cnt = n if prob.after.ndim == 2 else n[None, :] - n[:, None]
     shape_ok = (cnt >= max(least, 1)) & (cnt % multiple == 0)
     per_stage = np.where(shape_ok[None], prob.after, np.inf)
     a_floor = float(per_stage.reshape(prob.p, -1).min(axis=1).max())
@@ -285,18 +289,28 @@ def _partition_after(prob: PartitionProblem, multiple: int, max_bounds: int, lea
     return PartitionResult(best.layers, best_obj, "dp", "optimal" if gap == 0.0 else "bound-limit", gap)
 
 
+def _by_interval(allowed: np.ndarray) -> np.ndarray:
+    """An allowed mask by layer count ([p, L + 1]) as one by interval ([p, L + 1, L + 1])."""
+    n = np.arange(allowed.shape[1])
+    cnt = n[None, :] - n[:, None]
+    return allowed[:, np.clip(cnt, 0, None)] & (cnt > 0)[None]
+
+
 def _count_ranges(prob: PartitionProblem, allowed):
     """For a model of one layer kind (stage costs depend on counts only): the layer counts
-    `allowed` leaves each stage as ([p] lows, [p] highs), or None when a stage's are not one
-    range (the DP then takes them as they are)."""
-    ok = allowed[:, 0, :]   # stage i holding layers [0, n): a count n
-    n = np.arange(prob.L + 1)
-    cnt = n[None, :] - n[:, None]
-    pairs = cnt > 0
+    `allowed` (by count, or by interval) leaves each stage as ([p] lows, [p] highs), or None
+    when a stage's are not one range (the DP then takes them as they are)."""
+    if allowed.ndim == 2:
+        ok = allowed
+    else:
+        ok = allowed[:, 0, :]   # stage i holding layers [0, n): a count n
+        n = np.arange(prob.L + 1)
+        cnt = n[None, :] - n[:, None]
+        pairs = cnt > 0
+        if not all(np.array_equal(allowed[i][pairs], ok[i][cnt[pairs]]) for i in range(prob.p)):
+            return None   # not a function of the count alone
     lo, hi = np.zeros(prob.p, dtype=np.int64), np.zeros(prob.p, dtype=np.int64)
     for i in range(prob.p):
-        if not np.array_equal(allowed[i][pairs], ok[i][cnt[pairs]]):
-            return None   # not a function of the count alone
         idx = np.flatnonzero(ok[i, 1:]) + 1
         if len(idx) == 0:
             lo[i], hi[i] = prob.L + 1, 0
@@ -312,6 +326,8 @@ def _partition_pipe(prob: PartitionProblem, multiple: int, max_bounds: int, leas
     """The split of least pipeline time (module doc), each stage taking only the (start, end)
     pairs `allowed` permits ([p, L + 1, L + 1], None: all)."""
     ranges = None if allowed is None or not _is_uniform(prob) else _count_ranges(prob, allowed)
+    if allowed is not None and allowed.ndim == 2 and ranges is None:
+        allowed = _by_interval(allowed)
     if _is_uniform(prob) and (allowed is None or ranges is not None):
         uniform = _Uniform(prob, multiple, least, ranges)
         bounds = uniform.bounds()

@@ -85,6 +85,12 @@ def partition_problem(model: ModelSpec, cluster: ClusterSpec, s: Strategy, e: Es
     return PartitionProblem(lt, lm, et, em, cap, s.num_microbatches, s.vpp, after=after_matrix(model, cluster, s, e))
 
 
+# Most (stage, interval) after-step terms after_matrix builds for a model of two layer kinds
+# (8 bytes each: 64 MB); beyond, as for 24 stages of 600 layers, the split minimises the
+# pipeline alone.
+AFTER_INTERVALS_MAX = 8_000_000
+
+
 @lru_cache(maxsize=4)
 def _interval_counts(model: ModelSpec) -> tuple:
     """For layers [j, k) (k > j: `held`): their dense and MoE counts ([L + 1, L + 1] each), and
@@ -112,13 +118,21 @@ def after_matrix(model: ModelSpec, cluster: ClusterSpec, s: Strategy, e: Estimat
     """[p, L + 1, L + 1]: the after-step seconds estimate charges stage i holding layers [j, k)
     (its DP collectives past its backward, optimizer step, tied embedding; AfterStepRows.
     stage_after, from estimate's own functions), so that the split minimises the step and not
-    the pipeline alone. None where a stage spans several node groups or the optimizer is
-    offloaded (terms stage_after does not price exactly): the pipeline alone then."""
+    the pipeline alone; [p, L + 1], by layer count, for a model of one layer kind. None where a stage spans several node groups or the optimizer is
+    offloaded (terms stage_after does not price exactly), or past AFTER_INTERVALS_MAX: the
+    pipeline alone then."""
     if s.offload_optimizer or any("+" in g for g in e.stage_groups):
         return None
-    held, n_dense, n_moe, grid = _interval_counts(model)
     rows = _after_rows(model, cluster)
     tk, groups = time_key(s), tuple(e.stage_groups)
+    if len(model.layer_kinds) == 1:   # by layer count
+        n = np.arange(model.num_layers + 1)
+        out = np.stack([rows.stage_after(s, tk, groups, i, {model.layer_kinds[0]: n}) for i in range(s.pp)])
+        out[:, 0] = np.inf
+        return out
+    if s.pp * (model.num_layers + 1) ** 2 > AFTER_INTERVALS_MAX:
+        return None
+    held, n_dense, n_moe, grid = _interval_counts(model)
     out = np.stack([rows.stage_after(s, tk, groups, i, {False: grid[0], True: grid[1]})[n_dense, n_moe]
                     for i in range(s.pp)])
     out[:, ~held] = np.inf
