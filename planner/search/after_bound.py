@@ -8,11 +8,14 @@ its backward (expert gradients of a slow GPU behind a slow NIC), that term grows
 stage's layers by more than its pipeline time does, so a bound that counts one layer's share
 of it (Bounds.after_step) is far below the price. Here:
 
-- `AfterStepRows.rows`: for each stage of a candidate and each layer count n, the least
-  after-step seconds estimate can charge that stage holding n layers: the same cost functions
-  estimate calls (kind_pass_s and stage_ends_s for the backward that hides the traffic,
-  layer_count_params for the bytes, dp_collectives / collective_time / dp_step_exposed_s,
-  optimizer_time, tied_embedding_cost), over every mix of dense and MoE layers n can hold;
+- `AfterStepRows.stage_after`: a stage's after-step seconds for arrays of (dense, MoE) layer
+  counts, as estimate prices it: the same cost functions estimate calls (kind_pass_s and
+  stage_ends_s for the backward that hides the traffic, layer_count_params for the bytes,
+  dp_collectives / collective_time / dp_step_exposed_s, optimizer_time, tied_embedding_cost).
+  The partition takes it for every stage interval (split.after_matrix), so that the split
+  minimises the step;
+- `AfterStepRows.rows`: for each stage of a candidate and each layer count n, the least of it
+  over every mix of dense and MoE layers n can hold;
 - `joint_bound`: the least (pipeline bound + after-step) over every layer split. A split whose
   largest after-step is at most a keeps each stage's count at most its largest count with an
   after-step <= a, so its pipeline is no faster than the pipeline bound under those caps; the
@@ -44,8 +47,9 @@ _MIXES_MAX = 16
 # Pipeline bounds evaluated per candidate by joint_bound's branch and bound before it settles
 # for the least bound of the intervals left (still a bound; most end proven before this).
 _JOINT_EVALS_MAX = 24
-# Stage terms stage_after keeps (a few per candidate priced) before it starts again.
-_TERMS_KEPT = 4096
+# Strategies whose rows and stage terms are kept (one per candidate bounded or priced) before
+# the caches start again.
+_KEPT = 4096
 
 
 class AfterStepRows:
@@ -66,6 +70,8 @@ class AfterStepRows:
         p = s.pp
         kept = self._rows.get(base)
         if kept is None:
+            if len(self._rows) >= _KEPT:
+                self._rows.clear()
             kept = self._rows[base] = {}
         out = np.empty((p, self.model.num_layers + 1))
         for i, g in enumerate(groups):
@@ -116,20 +122,25 @@ class AfterStepRows:
         step and, on an end, the tied embedding's all-reduce. Without an offloaded optimizer
         (whose host share this leaves out: then a lower bound)."""
         base = _base(s)
-        share = moe_alone_share(s, i)
-        key = (base, groups[i], i == 0, i == s.pp - 1, share)
-        terms = self._terms_of.get(key)
-        if terms is None:
-            if len(self._terms_of) >= _TERMS_KEPT:
-                self._terms_of.clear()
-            terms = self._terms_of[key] = self._terms(s, tk, i, groups[i], share)
+        terms = self._terms_of_stage(base, s, tk, i, groups[i], moe_alone_share(s, i))
         n = sum(counts.get(moe, 0) for moe in (False, True))
         tied = self._tied_s(base, groups)
         end = (tied[0] if i == 0 else 0.0) + (tied[1] if i == s.pp - 1 and s.pp > 1 else 0.0)
         return self._after(terms, {moe: counts.get(moe, 0) for moe in self.model.layer_kinds}, False, n) + end
 
+    def _terms_of_stage(self, base: Strategy, s: Strategy, tk: Strategy, i: int, group_name: str,
+                        share: float) -> dict:
+        """_terms, kept by what they depend on (a few per candidate; a bound on how many)."""
+        key = (base, group_name, i == 0, i == s.pp - 1, share)
+        terms = self._terms_of.get(key)
+        if terms is None:
+            if len(self._terms_of) >= _KEPT:
+                self._terms_of.clear()
+            terms = self._terms_of[key] = self._terms(s, tk, i, group_name, share)
+        return terms
+
     def _row(self, s: Strategy, tk: Strategy, i: int, group_name: str, share: float) -> np.ndarray:
-        terms = self._terms(s, tk, i, group_name, share)
+        terms = self._terms_of_stage(_base(s), s, tk, i, group_name, share)
         n = np.arange(self.model.num_layers + 1)
         best = np.full(len(n), np.inf)
         for counts, ok in self._mixes(n):
@@ -211,10 +222,11 @@ def joint_bound(rows: np.ndarray, counts_ok: np.ndarray, pipe) -> float:
 
     rows[i, n]: stage i's least after-step holding n layers (AfterStepRows.rows); counts_ok[i,
     n]: whether stage i can hold n layers (whole blocks, memory); pipe(caps): the pipeline
-    bound with stage i holding at most caps[i] layers (non-increasing as caps grow). For a the largest after-step of a split, every stage's count
-    is at most cap_i(a) = max{n : rows[i, n] <= a}, so the split costs >= pipe(cap(a)) + a; over
-    the values a takes (rows' entries) the least of that is the bound. Branch and bound over
-    them in increasing order: on an interval [a_lo, a_hi] no value beats pipe(cap(a_hi)) + a_lo."""
+    bound with stage i holding at most caps[i] layers (non-increasing as caps grow). For a the
+    largest after-step of a split, every stage's count is at most cap_i(a) = max{n : rows[i, n]
+    <= a}, so the split costs >= pipe(cap(a)) + a; over the values a takes (rows' entries) the
+    least of that is the bound. Branch and bound over them in increasing order: on an interval
+    [a_lo, a_hi] no value beats pipe(cap(a_hi)) + a_lo."""
     A = np.where(counts_ok, rows, np.inf)
     least = A.min(axis=1)
     a_min = float(least.max())

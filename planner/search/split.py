@@ -118,9 +118,9 @@ def after_matrix(model: ModelSpec, cluster: ClusterSpec, s: Strategy, e: Estimat
     """[p, L + 1, L + 1]: the after-step seconds estimate charges stage i holding layers [j, k)
     (its DP collectives past its backward, optimizer step, tied embedding; AfterStepRows.
     stage_after, from estimate's own functions), so that the split minimises the step and not
-    the pipeline alone; [p, L + 1], by layer count, for a model of one layer kind. None where a stage spans several node groups or the optimizer is
-    offloaded (terms stage_after does not price exactly), or past AFTER_INTERVALS_MAX: the
-    pipeline alone then."""
+    the pipeline alone; [p, L + 1], by layer count, for a model of one layer kind. None where a
+    stage spans several node groups or the optimizer is offloaded (terms stage_after does not
+    price exactly), or past AFTER_INTERVALS_MAX: the pipeline alone then."""
     if s.offload_optimizer or any("+" in g for g in e.stage_groups):
         return None
     rows = _after_rows(model, cluster)
