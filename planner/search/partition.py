@@ -4,16 +4,21 @@ Given per-layer costs on each stage's GPU (seconds per micro-batch; bytes of mem
 with that stage's in-flight micro-batches) plus fixed extras per stage (embedding on the first,
 output layer and loss on the last), find the contiguous split that minimises the pipeline time
   T = (m - 1/v) max_i t_i + (1/v) sum_i t_i
-subject to each stage's memory <= its usable capacity.
+subject to each stage's memory <= its usable capacity; with after-step terms (`after`: what
+each stage adds once per step after the pipeline drains, for each interval of layers it may
+hold) the split that minimises the step, T + max_i a_i (`_partition_after`: the pipeline
+problem in rounds, under a falling cap on the after-step).
 
-Two exact solvers of the same problem:
+Two exact solvers of the pipeline problem:
 - `partition_dp`: dynamic programming. For a bound B on stage time it computes, over layers x
   stages, the least sum of stage times with every stage <= B and in memory (O(p L^2), vectorised
   over the split point). B runs over the candidate stage times in increasing order, starting at
   the min-max value; it stops once (m - 1/v) B alone exceeds the best objective found, so the
   optimum is exact.
-- `partition_ilp`: the same as an integer program in PuLP (CBC, or HiGHS if installed): binary
-  x[i,k] = layer k on stage i with a monotone (contiguous) assignment.
+- `partition_ilp`: the pipeline problem as an integer program in PuLP (CBC, or HiGHS if
+  installed): binary x[i,k] = layer k on stage i with a monotone (contiguous) assignment. It
+  leaves out the after-step terms (--solver ilp re-solves the top plans' splits and keeps one
+  only where it is faster).
 tests/test_partition.py checks both against brute force.
 """
 
