@@ -93,7 +93,7 @@ from planner.search.family_screen import FamilyScreen   # noqa: E402
 from planner.search.planner import (MICRO_BATCHES, VPP_CHOICES, GpuBudget, SearchOptions,   # noqa: E402
                                     enumerate_space, stage_layouts)
 from planner.search.screen import memory_screen   # noqa: E402
-from planner.search.split import initial_split, with_split   # noqa: E402
+from planner.search.split import after_matrix, initial_split, with_split   # noqa: E402
 from planner.specs.cluster import cluster_from_dict   # noqa: E402
 from planner.strategy import Strategy, check_structure   # noqa: E402
 
@@ -271,6 +271,14 @@ def _assert_after_rows(model, cluster, s, e):
             assert rows[i, t.layers] == pytest.approx(t.after_step_s, rel=1e-9, abs=1e-15), (s, i)
         else:
             assert rows[i, t.layers] <= t.after_step_s * (1 + 1e-9), (s, i)
+    # the partition's terms (split.after_matrix) price each stage's own interval exactly, dense
+    # and MoE layers counted where they are (the split a re-split lands on is estimated again)
+    after = after_matrix(model, cluster, s, e)
+    if after is None or s.recompute_num_layers is not None:
+        return
+    for i, ((a, b), t) in enumerate(zip(s.stage_layer_ranges(model), e.stage_times)):
+        got = after[i, b - a] if after.ndim == 2 else after[i, a, b]
+        assert got == pytest.approx(t.after_step_s, rel=1e-9, abs=1e-15), (s, i)
 
 
 def _priced(model, cluster, s):
