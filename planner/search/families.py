@@ -136,10 +136,9 @@ class Families:
     def queue_bound(self, spec: FamilySpec, floor_lbs: dict) -> float:
         """The bound a family that may fit is queued under: its own where its class recomputes
         nothing, else its floor class's (no more than its own, shared by the families of one
-        degrees that differ in recompute: cached in floor_lbs; the search computes their own
-        only when they are reached)."""
-        if spec.floor is spec.cls:
-            return self.own_bound(spec)
+        degrees that differ in recompute; the search computes their own only when they are
+        reached). Both cached in floor_lbs: a family whose class recomputes nothing is the
+        floor class of its siblings that do, so their bound is its own."""
         key = (spec.floor.tk, spec.pp, spec.m, spec.lkey, max(spec.vpps))
         lb = floor_lbs.get(key)
         if lb is None:
