@@ -112,6 +112,15 @@ def collective_time(kind: str, message_bytes: float, n: int, link: Link) -> floa
     raise ValueError(kind)
 
 
+def collective_time_affine(kind: str, n: int, link: Link, at_bytes: float) -> tuple[float, float]:
+    """(seconds per byte, fixed seconds) of collective_time for messages > 0 bytes: it is affine
+    in the message size (a bandwidth term and the latency of its steps), read off collective_time
+    itself at at_bytes and twice that (> 0), so a caller pricing many sizes at once stays with
+    this function's terms."""
+    t1, t2 = collective_time(kind, at_bytes, n, link), collective_time(kind, 2 * at_bytes, n, link)
+    return (t2 - t1) / at_bytes, 2 * t1 - t2
+
+
 def hierarchical_all_to_all_time(on_node_bytes: float, off_node_bytes: float, link: Link) -> float:
     """Seconds for an all-to-all in which each rank sends `on_node_bytes` to ranks of its own node
     (over the scale-up fabric) and `off_node_bytes` to other nodes; every GPU of a node sends its

@@ -31,7 +31,7 @@ from dataclasses import replace
 import numpy as np
 
 from ..cost import compute as C
-from ..cost.comm import collective_time
+from ..cost.comm import collective_time_affine
 from ..cost.memory import layer_count_params, one_layer_params
 from ..cost.parallel import dp_collectives, dp_step_exposed_s, moe_alone_share, tied_embedding_cost
 from ..estimate import kind_pass_s, layer_time_of, stage_ends_s
@@ -57,8 +57,7 @@ class AfterStepRows:
 
     def __init__(self, model: ModelSpec, cluster: ClusterSpec):
         self.model, self.cluster = model, cluster
-        n_moe = model.num_moe_layers_in(0, model.num_layers)
-        self.n_kind = {False: model.num_layers - n_moe, True: n_moe}
+        self.n_kind = {False: model.num_dense_layers, True: model.num_moe_layers}
         self._rows: dict = {}
         self._tied: dict = {}
         self._terms_of: dict = {}
@@ -208,12 +207,11 @@ def _base(s: Strategy) -> Strategy:
 
 
 def _collective_s(kind: str, message_bytes: np.ndarray, n: int, link) -> np.ndarray:
-    """collective_time over an array of message sizes: it is affine in the bytes of a message
-    (a bandwidth term and the latency of its steps) and 0 for an empty one."""
+    """collective_time over an array of message sizes (collective_time_affine), 0 for an empty
+    message."""
     message_bytes = np.asarray(message_bytes, dtype=float)
     x = float(message_bytes.max()) if message_bytes.size and message_bytes.max() > 0 else 1.0
-    t1, t2 = collective_time(kind, x, n, link), collective_time(kind, 2 * x, n, link)
-    per_byte, fixed = (t2 - t1) / x, 2 * t1 - t2
+    per_byte, fixed = collective_time_affine(kind, n, link, x)
     return np.where(message_bytes > 0, fixed + per_byte * message_bytes, 0.0)
 
 

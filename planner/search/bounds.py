@@ -10,13 +10,14 @@ from dataclasses import replace
 import numpy as np
 
 from ..cost import compute as C
-from ..cost.comm import collective_time, group_link, p2p_link
-from ..cost.memory import gradient_comm_bytes, layer_range_params, one_layer_params, param_gather_bytes
+from ..cost.comm import collective_time, collective_time_affine, p2p_link
+from ..cost.memory import layer_range_params, one_layer_params
 from ..cost.moe_schedule import NO_A2A
-from ..cost.parallel import (cp_layer_exposed_s, cp_ring_step, ep_a2a, ep_layer_collectives, moe_layer_floor,
-                             moe_recomputed, pp_gather_s, pp_message_bytes, tp_layer_collectives, tp_layer_exposed_s)
+from ..cost.parallel import (cp_layer_exposed_s, cp_ring_step, dp_collectives, ep_a2a, ep_layer_collectives,
+                             moe_layer_floor, moe_recomputed, pp_gather_s, pp_message_bytes, tp_layer_collectives,
+                             tp_layer_exposed_s)
 from ..estimate import layer_time_of, time_key
-from ..placement import data_collectives, placement_of
+from ..placement import placement_of
 from ..specs.cluster import ClusterSpec
 from ..specs.model import ModelSpec
 from ..strategy import Strategy
@@ -628,19 +629,12 @@ class Bounds:
         dp = {}
         for g in groups:
             t = 0.0
-            for dc in data_collectives(placement):
-                if dc.when != "per-step":
+            for c in dp_collectives(s, placement, [g], self.cluster):
+                msg = per_layer[c.collective.group] * c.bytes_per_param
+                if c.collective.when != "per-step" or msg <= 0:
                     continue
-                if dc.group == "experts":
-                    n, stride = s.expert_dp, s.expert_tp * s.ep
-                else:
-                    n, stride = s.dp * s.cp, s.tp
-                msg = per_layer[dc.group] * (gradient_comm_bytes(s) if dc.tensor == "gradients"
-                                             else param_gather_bytes(s))
-                if n <= 1 or msg <= 0:
-                    continue
-                link = group_link([g], n, stride, self.cluster)
-                t += collective_time(dc.kind, 2 * msg, n, link) - collective_time(dc.kind, msg, n, link)
+                # the bandwidth term of one layer's share (the latency is paid once per step)
+                t += collective_time_affine(c.collective.kind, c.ranks, c.link, msg)[0] * msg
             dp[g.name] = t
         v = self._after_groups[key] = (params, C.adam_step_bytes_per_param(s), dp)
         return v

@@ -129,9 +129,13 @@ class Families:
 
     def own_bound(self, spec: FamilySpec) -> float:
         """The step-time bound of a family over all its stage placements (Bounds.family)."""
+        return self._class_bound(spec.cls, spec)
+
+    def _class_bound(self, cls: TimeClass, spec: FamilySpec) -> float:
+        """Bounds.family of spec's pipeline shape, micro-batches and layouts at time class cls
+        (its own, or its floor's)."""
         lay = self.layouts[spec.lkey]
-        return self.bounds.family(spec.cls.base, spec.cls.tk, spec.pp, spec.m, spec.lkey[0], lay.caps,
-                                  max(spec.vpps), lay.names)
+        return self.bounds.family(cls.base, cls.tk, spec.pp, spec.m, spec.lkey[0], lay.caps, max(spec.vpps), lay.names)
 
     def queue_bound(self, spec: FamilySpec, floor_lbs: dict) -> float:
         """The bound a family that may fit is queued under: its own where its class recomputes
@@ -142,9 +146,7 @@ class Families:
         key = (spec.floor.tk, spec.pp, spec.m, spec.lkey, max(spec.vpps))
         lb = floor_lbs.get(key)
         if lb is None:
-            lay = self.layouts[spec.lkey]
-            lb = floor_lbs[key] = self.bounds.family(spec.floor.base, spec.floor.tk, spec.pp, spec.m, spec.lkey[0],
-                                                     lay.caps, max(spec.vpps), lay.names)
+            lb = floor_lbs[key] = self._class_bound(spec.floor, spec)
         return lb
 
     def queue_bounds(self, screened, spec_of, floor_lbs: dict) -> np.ndarray:

@@ -330,10 +330,11 @@ def _partition_pipe(prob: PartitionProblem, multiple: int, max_bounds: int, leas
                     allowed=None) -> PartitionResult:
     """The split of least pipeline time (module doc), each stage taking only the (start, end)
     pairs `allowed` permits ([p, L + 1, L + 1], None: all)."""
-    ranges = None if allowed is None or not _is_uniform(prob) else _count_ranges(prob, allowed)
+    uniform_costs = _is_uniform(prob)
+    ranges = None if allowed is None or not uniform_costs else _count_ranges(prob, allowed)
     if allowed is not None and allowed.ndim == 2 and ranges is None:
         allowed = _by_interval(allowed)
-    if _is_uniform(prob) and (allowed is None or ranges is not None):
+    if uniform_costs and (allowed is None or ranges is not None):
         uniform = _Uniform(prob, multiple, least, ranges)
         bounds = uniform.bounds()
         min_sum = uniform

@@ -98,12 +98,12 @@ def _interval_counts(model: ModelSpec) -> tuple:
     these counts only, so it is priced once per pair."""
     L = model.num_layers
     n = np.arange(L + 1)
-    moe_before = np.concatenate([[0], np.cumsum([model.is_moe_layer(k) for k in range(L)])])
+    moe_before = np.array([model.num_moe_layers_in(0, k) for k in range(L + 1)])
     n_all = n[None, :] - n[:, None]
     held = n_all > 0
     n_moe = np.where(held, moe_before[None, :] - moe_before[:, None], 0)
     n_dense = np.where(held, n_all, 0) - n_moe
-    grid = np.meshgrid(np.arange(L - moe_before[-1] + 1), np.arange(moe_before[-1] + 1), indexing="ij")
+    grid = np.meshgrid(np.arange(model.num_dense_layers + 1), np.arange(model.num_moe_layers + 1), indexing="ij")
     return held, n_dense, n_moe, grid
 
 
