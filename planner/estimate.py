@@ -4,7 +4,6 @@ and throughput. This is the function `planner estimate` and the search call."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
 
 from .errors import InvalidStrategy
 from .placement import placement_of, validate
@@ -149,38 +148,33 @@ def assign_stage_groups(cluster: ClusterSpec, s: Strategy) -> list[list[NodeGrou
 
 
 def layer_time_of(model, s_key, gpu, moe):
-    """A layer's compute time (cost/compute.py layer_time) for a time key (time_key), cached."""
-    if moe:
-        return _layer_time_cached(model, s_key, gpu, True)
-    # a dense layer's time does not depend on expert parallelism or the MoE dispatcher: one
-    # entry for all of them (the search asks for it under every EP / expert-TP degree)
-    dense_key = _DENSE_KEYS.get(s_key)
-    if dense_key is None:
-        if len(_DENSE_KEYS) > _DENSE_LAYER_TIMES_MAX:
-            _DENSE_KEYS.clear()
-        dense_key = _DENSE_KEYS[s_key] = tuple(getattr(s_key, f) for f in _DENSE_TIME_KEY_FIELDS)
-    got = _DENSE_LAYER_TIMES.get((model, dense_key, gpu))
+    """A layer's compute time (cost/compute.py layer_time) for a time key (time_key), cached by
+    the fields it reads: a dense layer's does not depend on expert parallelism or the MoE
+    dispatcher, and neither kind's on the MoE schedule's overlap choices (one entry for all of
+    them: the search asks for it under every EP / expert-TP degree and overlap choice)."""
+    keys = _LAYER_KEYS[moe]
+    key = keys.get(s_key)
+    if key is None:
+        if len(keys) > _LAYER_TIMES_MAX:
+            keys.clear()
+        key = keys[s_key] = tuple(getattr(s_key, f) for f in _COMPUTE_KEY_FIELDS[moe])
+    got = _LAYER_TIMES.get((model, moe, key, gpu))
     if got is None:
-        got = _DENSE_LAYER_TIMES[(model, dense_key, gpu)] = C.layer_time(model, s_key, gpu, False)
-        if len(_DENSE_LAYER_TIMES) > _DENSE_LAYER_TIMES_MAX:
-            _DENSE_LAYER_TIMES.clear()
+        got = _LAYER_TIMES[(model, moe, key, gpu)] = C.layer_time(model, s_key, gpu, moe)
+        if len(_LAYER_TIMES) > _LAYER_TIMES_MAX:
+            _LAYER_TIMES.clear()
     return got
 
 
-_DENSE_LAYER_TIMES: dict = {}
-_DENSE_KEYS: dict = {}     # time key -> its dense-layer key (built once per time key)
-_DENSE_LAYER_TIMES_MAX = 65536
-
-
-@lru_cache(maxsize=65536)
-def _layer_time_cached(model, s_key, gpu, moe):
-    return C.layer_time(model, s_key, gpu, moe)
+_LAYER_TIMES: dict = {}
+_LAYER_KEYS: dict = {False: {}, True: {}}    # time key -> its compute key per kind (built once per time key)
+_LAYER_TIMES_MAX = 65536
 
 
 def _clear_layer_times() -> None:
-    _layer_time_cached.cache_clear()
-    _DENSE_LAYER_TIMES.clear()
-    _DENSE_KEYS.clear()
+    _LAYER_TIMES.clear()
+    for keys in _LAYER_KEYS.values():
+        keys.clear()
 
 
 layer_time_of.cache_clear = _clear_layer_times   # as for an lru_cache (validation refits clear it)
@@ -198,7 +192,12 @@ LAYER_TIME_FIELDS = ("tp", "cp", "ep", "etp", "micro_batch_size", "seq_length", 
 MOE_ONLY_LAYER_TIME_FIELDS = frozenset({"ep", "etp", "moe_token_dispatcher_type", "moe_pad_expert_input_to_capacity",
                                         "moe_flex_dispatcher_num_sms", "overlap_moe_expert_parallel_comm",
                                         "delay_wgrad_compute", "moe_shared_expert_overlap"})
-_DENSE_TIME_KEY_FIELDS = tuple(f for f in LAYER_TIME_FIELDS if f not in MOE_ONLY_LAYER_TIME_FIELDS)
+# Fields of the key only the MoE schedule reads (cost/parallel.py moe_layer_floor), not layer_time
+SCHEDULE_ONLY_LAYER_TIME_FIELDS = frozenset({"overlap_moe_expert_parallel_comm", "delay_wgrad_compute",
+                                            "moe_shared_expert_overlap"})
+# the fields layer_time reads, per kind (dense, MoE): its cache key in layer_time_of
+_COMPUTE_KEY_FIELDS = {moe: tuple(f for f in LAYER_TIME_FIELDS if f not in SCHEDULE_ONLY_LAYER_TIME_FIELDS
+                                  and (moe or f not in MOE_ONLY_LAYER_TIME_FIELDS)) for moe in (False, True)}
 
 
 def time_key(s: Strategy) -> Strategy:

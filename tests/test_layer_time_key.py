@@ -13,7 +13,8 @@ from dataclasses import fields
 import pytest
 
 from planner.cost.compute import layer_time
-from planner.estimate import LAYER_TIME_FIELDS, MOE_ONLY_LAYER_TIME_FIELDS
+from planner.estimate import (LAYER_TIME_FIELDS, MOE_ONLY_LAYER_TIME_FIELDS, SCHEDULE_ONLY_LAYER_TIME_FIELDS, layer_time_of,
+                             time_key)
 from planner.library import load_bundled_profile, load_model_ref
 from planner.strategy import Strategy
 
@@ -83,3 +84,25 @@ def test_dense_layers_read_no_moe_only_field():
         layer_time(model, _recording(Strategy(tp=2, seq_length=4096, **variant)), load_bundled_profile("h100-sxm-80g"),
                    False)
     assert not (_READ & MOE_ONLY_LAYER_TIME_FIELDS), sorted(_READ & MOE_ONLY_LAYER_TIME_FIELDS)
+
+
+@pytest.mark.parametrize("model_name", ["deepseek-v3", "qwen3-235b-a22b"])
+def test_layer_time_reads_no_schedule_only_field(model_name):
+    """Layer times of both kinds are cached without the MoE schedule's overlap choices
+    (estimate.layer_time_of shares one entry across them; only moe_layer_floor reads them):
+    layer_time must not read them, and a time key that differs in them alone gets the same
+    cached times as computing each afresh."""
+    model = load_model_ref(model_name)
+    gpu = load_bundled_profile("h100-sxm-80g")
+    _READ.clear()
+    for variant in _VARIANTS:
+        for moe in model.layer_kinds:
+            layer_time(model, _recording(Strategy(tp=2, ep=8, micro_batch_size=2, seq_length=4096, **variant)), gpu, moe)
+    assert _READ and not (_READ & SCHEDULE_ONLY_LAYER_TIME_FIELDS), sorted(_READ & SCHEDULE_ONLY_LAYER_TIME_FIELDS)
+    plain = Strategy(tp=2, ep=8, micro_batch_size=2, seq_length=4096)
+    overlapped = plain.with_(overlap_moe_expert_parallel_comm=True, delay_wgrad_compute=True,
+                             moe_shared_expert_overlap=True)
+    layer_time_of.cache_clear()
+    for s in (plain, overlapped):
+        for moe in model.layer_kinds:
+            assert layer_time_of(model, time_key(s), gpu, moe) == layer_time(model, s, gpu, moe)

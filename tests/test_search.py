@@ -911,8 +911,8 @@ def _outcome(r):
 ], ids=["h100", "h100+a100", "two-site-all", "cost", "one-node-top5", "one-node-top8", "moe-dense-first",
      "allow-tight-uneven"])
 def test_parallel_search_returns_what_the_serial_one_does(model, cluster, options, monkeypatch):
-    """jobs 2 (a second process prices candidates ahead of the search, and in a big space screens
-    half of the families first) returns the same top K, the same TIGHT plan beside them and the
+    """jobs 2 (a second process prices candidates ahead of the search, and in a big space bounds
+    half of the family groups first) returns the same top K, the same TIGHT plan beside them and the
     same counts as jobs 1, on the brute-force cases above; so does a parallel search whose
     second process dies at once, or at its first candidate (the search then does the work
     itself)."""
@@ -928,15 +928,15 @@ def test_parallel_search_returns_what_the_serial_one_does(model, cluster, option
     assert not started
     assert _outcome(search(model, cluster, replace(options, jobs=2))) == serial
     assert len(started) == 1 and started[0] is not None and started[0].task_result is None
-    # the screen split with the helper (every space counts as big here)
-    monkeypatch.setattr(F, "SPLIT_SCREEN_FAMILIES", 0)
+    # the group bounds split with the helper (every space counts as big here)
+    monkeypatch.setattr(F, "SPLIT_FAMILIES", 0)
     assert _outcome(search(model, cluster, replace(options, jobs=2))) == serial
     assert len(started) == 2 and started[1].task_result is not None
     main = H.helper_main
     for broken in (_helper_dies_at_once, _helper_dies_at_its_first_candidate, _helper_fails_its_task(main)):
         monkeypatch.setattr(H, "helper_main", broken)
         assert _outcome(search(model, cluster, replace(options, jobs=2))) == serial
-    monkeypatch.setattr(F, "SPLIT_SCREEN_FAMILIES", 10 ** 9)
+    monkeypatch.setattr(F, "SPLIT_FAMILIES", 10 ** 9)
     for broken in (_helper_dies_at_once, _helper_dies_at_its_first_candidate):
         monkeypatch.setattr(H, "helper_main", broken)
         assert _outcome(search(model, cluster, replace(options, jobs=2))) == serial
@@ -1091,10 +1091,10 @@ def test_a_search_shorter_than_a_helper_is_worth_runs_without_one(monkeypatch):
     assert _outcome(search(MODEL, MIXED, o)) == quick and len(started) == 1
 
 
-def test_a_split_screen_names_the_same_closest_plan_when_nothing_fits(monkeypatch):
-    """When no plan fits, the closest miss comes from the families nearest to fitting: after a
-    screen split with the helper, every family is screened again for it, and it is the serial
-    search's (Llama 3 70B on one 8-GPU node)."""
+def test_split_group_bounds_name_the_same_closest_plan_when_nothing_fits(monkeypatch):
+    """When no plan fits, the closest miss comes from the families nearest to fitting: with
+    the group bounds split with the helper and the groups screened batch by batch, every family
+    is screened again for it, and it is the serial search's (Llama 3 70B on one 8-GPU node)."""
     import planner.search.families as F
 
     one = cluster_from_dict({"name": "h100-1x8", "node_groups": [
@@ -1104,7 +1104,7 @@ def test_a_split_screen_names_the_same_closest_plan_when_nothing_fits(monkeypatc
     o = SearchOptions(global_batch_size=16, seq_length=2048, top=1)
     serial = search(m, one, o)
     assert serial.plans == [] and serial.closest is not None
-    monkeypatch.setattr(F, "SPLIT_SCREEN_FAMILIES", 0)
+    monkeypatch.setattr(F, "SPLIT_FAMILIES", 0)
     split = search(m, one, replace(o, jobs=2))
     assert split.closest.strategy == serial.closest.strategy and _outcome(split) == _outcome(serial)
 

@@ -1,12 +1,13 @@
 """The best-first search of `planner plan` (search): families of candidates (degrees x
-micro-batch x recompute) screened by memory all at once and bounded over all their stage
-placements, then expanded best first, family -> cell -> candidate -> priced plan, until the
-K-th best plan found is better than every bound left.
+micro-batch x recompute), in groups of one degrees and micro-batch taken in the order of a
+bound none of their families beats (group_order.py), screened by memory a batch of groups at
+a time and bounded over all their stage placements, then expanded best first, family -> cell
+-> candidate -> priced plan, until the K-th best plan found is better than every bound left.
 
 The queue holds (bound, tie, kind, payload) entries: the bound and a unique tie order them,
-the kind says what the payload is (a family, a cell, a candidate, a candidate queued again
-with a higher bound, a block-recompute candidate, or entries set aside as out of reach:
-entries.py).
+the kind says what the payload is (the groups not screened yet, a family, a cell, a candidate,
+a candidate queued again with a higher bound, a block-recompute candidate, or entries set
+aside as out of reach: entries.py).
 
 Safe by default, the memory screens leave the memory model's margin; what they rule out that
 may still fit within it (TIGHT) is set aside in a second queue and searched after the first,
@@ -28,10 +29,10 @@ from ..specs.cluster import ClusterSpec
 from ..specs.model import ModelSpec
 from ..strategy import Strategy
 from .bounds import Bounds
-from .family_screen import FamilyScreen, merged, run_indices
-from .entries import (BLOCK, CAND, CELL, DEFERRED, FAMILY, REQUEUED, Cell, Child, Family, FamilySpec, FamilySpecs,
-                      Pending, QueuedFamily, Requeued, child_strategy, entry_count, family_of)
-from .families import Families, screen_half
+from .entries import (BLOCK, CAND, CELL, DEFERRED, FAMILY, GROUPS, REQUEUED, Cell, Child, Family, FamilySpec,
+                      FamilySpecs, Pending, QueuedFamily, Requeued, child_strategy, entry_count, family_of)
+from .families import Families
+from .group_order import GroupOrder, group_bounds_half
 from .helper import Helper
 from .objective import check_objective, dominates, figures, usd_per_million_tokens
 from .pricing import add_effects, ilp_cross_check, priced_apart
@@ -135,14 +136,13 @@ class _BestFirst:
         self.plans = Plans(o)
         self.tokens_per_step = o.global_batch_size * o.seq_length
         self.priced_cluster = cluster.is_priced
-        # the families (_queue_families): the screen, every spec, and those memory ruled out
-        self.screen: FamilyScreen | None = None
+        # the families (_queue_families): every spec, and those memory ruled out
         self.specs = FamilySpecs()
         # bounds of families (spec index ->) and of their floor classes (Families.queue_bound's key ->)
         self.family_lbs: dict = {}
         self.floor_lbs: dict = {}
         self.unfit = np.zeros(0, dtype=np.int64)
-        self.group_args: list = []   # a split screen's groups, in order (_queue_families)
+        self.groups: GroupOrder | None = None   # the family groups, screened batch by batch
         # what the entries taken best first share
         self.seen: set = set()
         self.rank_fits: dict = {}    # fits_exactly's verdicts per rank, shared by block candidates
@@ -158,7 +158,7 @@ class _BestFirst:
         """The families queued, the entries taken best first (then the TIGHT ones), the result.
         With o.jobs >= 2, the helper process starts once the families are queued, if that took
         HELPER_AFTER_S (a search that short is over before a second process pays for itself),
-        unless it started before to screen half of them (_queue_families)."""
+        unless it started before to bound half of the groups (_queue_families)."""
         self._queue_families()
         if self.helper is None and self.o.jobs >= 2 and time.perf_counter() - self.t0 >= HELPER_AFTER_S:
             self.helper = Helper.start(self.model, self.cluster, self.o)
@@ -228,47 +228,40 @@ class _BestFirst:
     # ---- 1. families -----------------------------------------------------------------------------
 
     def _queue_families(self) -> None:
-        """Families: degrees x micro-batch x recompute, screened by memory all at once
-        (family_screen.py), and those that may fit bounded over all their stage placements.
-        With a big space and o.jobs >= 2 the helper process (started here) screens half of the
-        groups (screen_half) while this one screens the other half."""
-        screen = self.screen = self.families.new_screen()
-        if self.families.split():
-            self.helper = Helper.start(self.model, self.cluster, self.o, (screen_half, (self.model, self.cluster,
-                                                                                       self.o, 1)))
-        split = self.helper is not None
-        here, there = [], []     # the groups screened here ((first spec index, families)) / there
-        for g in self.families.groups():
-            at = self.specs.add(g.specs)
-            if split:
-                self.group_args.append(g.screen_args)   # every group, in order (_peaks screens them again)
-            if split and g.part == 1:
-                there.append((at, g.screen_args))
-            else:
-                screen.add_group(*g.screen_args)
-                here.append(at)
+        """Families: degrees x micro-batch x recompute, in groups of one degrees and micro-batch
+        ordered by a bound none of their families beats (GroupOrder); the first batch of groups
+        screened and queued (_queue_groups), the others under the bound of the next. With a
+        big space and o.jobs >= 2 the helper process (started here) computes the bounds of half
+        of the groups (group_bounds_half) while this one computes the other half's."""
+        o, families = self.o, self.families
+        if families.split():
+            self.helper = Helper.start(self.model, self.cluster, o, (group_bounds_half,
+                                                                     (self.model, self.cluster, o, 1)))
+        self.groups = GroupOrder(families, self.specs, 0 if self.helper is not None else None)
         self.res.candidates = int(self.specs.candidates.sum())
-        got = screen.run()
-        if split:
-            # this half's queue bounds while the helper computes its own (screen_half)
-            mine = run_indices(here)
-            got = got._replace(step_lb=self.families.queue_bounds(got, lambda k: self.specs[int(mine[k])],
-                                                                  self.floor_lbs))
-            theirs = self.helper.screened()
-            if theirs is None:   # it failed or died: its half screened here
-                for _, args in there:
-                    screen.add_group(*args)
-                theirs = screen.run()
-            got = merged(len(self.specs), here, got, [at for at, _ in there], theirs)
-        self._queue_screened(got)
+        lay = families.layouts
+        self.groups.order(None if o.objective != "cost" else lambda lbs, groups: [
+            self._objective_lb(lb, lay[g.specs.lkey].usd_min) for lb, g in zip(lbs.tolist(), groups)],
+            self.helper.first_result() if self.helper is not None else None)
+        self._queue_groups()
+
+    def _queue_groups(self) -> None:
+        """The next batch of groups that may still enter the result (GroupOrder.take) screened
+        by memory all at once (family_screen.py), those of their families that may fit queued
+        under their bounds (_queue_screened), and the groups left under the least bound of
+        theirs (a GROUPS entry; take may raise it and take none)."""
+        batch = self.groups.take(self._kth())
+        if batch:
+            self._queue_screened(*self.groups.screened(batch))
+        if self.groups:
+            heapq.heappush(self.heap, (self.groups.bound(), next(self.tie), GROUPS, self.groups.candidates_left()))
 
     def _peaks(self, index) -> np.ndarray:
         """The family screen's peak bounds of the families at `index` (of families that cannot
-        fit, asked only when no plan fits): after a split screen, every group screened again."""
-        if not self.group_args:
-            return self.screen.peaks(index)
+        fit, asked only when no plan fits, so every group was screened): every group screened
+        again, in the order enumerated (family i in row i)."""
         screen = self.families.new_screen()
-        for args in self.group_args:
+        for args in self.groups.every_args():
             screen.add_group(*args)
         return screen.run(every_peak=True).peak[index]
 
@@ -279,12 +272,12 @@ class _BestFirst:
             lb = self.family_lbs[i] = self.families.own_bound(spec)
         return lb
 
-    def _queue_screened(self, screened) -> None:
-        """Queue the families that may fit, bounded over all their stage placements: under their
-        own bound when it is known or their class recomputes nothing, else under their floor
-        class's (Families.queue_bound; _expand_family computes their own when they are reached),
-        computed with the screen when it was split between two processes. Those
-        that may fit only within the memory model's margin are set aside (_spill)."""
+    def _queue_screened(self, screened, index: np.ndarray) -> None:
+        """Queue the families screened (family index[k] in row k) that may fit, bounded over all
+        their stage placements: under their own bound when it is known or their class
+        recomputes nothing, else under their floor class's (Families.queue_bound;
+        _expand_family computes their own when they are reached). Those that may fit only
+        within the memory model's margin are set aside (_spill)."""
         specs, res = self.specs, self.res
         may_fit, peaks = screened.may_fit, screened.peak.tolist()
         entries = []
@@ -296,31 +289,29 @@ class _BestFirst:
         tight = screened.tight_zero_fit
         # the ZeRO stages under which a family may fit only within the margin
         tight_masks = ((tight & ~screened.zero_fit) * bits).sum(axis=1).tolist() if tight is not None else None
-        # with a split screen, each process's queue bounds of the families it screened
-        # (Families.queue_bounds; nan for a half the helper failed to screen)
-        known = screened.step_lb.tolist() if screened.step_lb is not None else None
-        for i in np.flatnonzero(may_fit if tight is None else tight.any(axis=1)).tolist():
+        at = index.tolist()
+        for k in np.flatnonzero(may_fit if tight is None else tight.any(axis=1)).tolist():
+            i = at[k]
             spec = specs[i]
             lay = self.families.layouts[spec.lkey]
             exact = spec.floor is spec.cls
-            lb = known[i] if known is not None else float("nan")
-            if lb != lb:   # nan: not computed yet
-                lb = self.families.queue_bound(spec, self.floor_lbs)
+            lb = self.families.queue_bound(spec, self.floor_lbs)
             if exact:
                 self.family_lbs[i] = lb
             bound = self._objective_lb(lb, lay.usd_min)
-            if may_fit[i]:
+            if may_fit[k]:
                 entries.append((bound, next(self.tie), FAMILY,
-                                QueuedFamily(spec, lb, peaks[i], i, exact, zero_sets[masks[i]],
-                                              zero_sets[tight_masks[i]] if tight_masks is not None else ())))
+                                QueuedFamily(spec, lb, peaks[k], i, exact, zero_sets[masks[k]],
+                                              zero_sets[tight_masks[k]] if tight_masks is not None else ())))
             else:
-                self._spill(bound, FAMILY, QueuedFamily(spec, lb, peaks[i], i, exact, zero_sets[tight_masks[i]], ()))
+                self._spill(bound, FAMILY, QueuedFamily(spec, lb, peaks[k], i, exact, zero_sets[tight_masks[k]], ()))
         # one heapify for 10^5 families (the (bound, tie) keys are distinct: the pops come in the
         # order pushing them one by one gives)
         self.heap.extend(entries)
         heapq.heapify(self.heap)
-        self.unfit = np.flatnonzero(~may_fit)
-        res.pruned_memory += int(specs.candidates[self.unfit].sum())
+        unfit = index[~may_fit]
+        self.unfit = np.sort(np.concatenate((self.unfit, unfit)))
+        res.pruned_memory += int(specs.candidates[unfit].sum())
 
     # ---- 2. best first ---------------------------------------------------------------------------
 
@@ -405,6 +396,9 @@ class _BestFirst:
             return None
         if kind == FAMILY:
             self._expand_family(lb, payload)
+            return None
+        if kind == GROUPS:
+            self._queue_groups()
             return None
         if kind == CELL:
             self._expand_cell(lb, payload)

@@ -149,7 +149,7 @@ class Bounds:
         return {g: max(c[i] for c in layouts) for i, g in enumerate(names)} if layouts else {}
 
     def family(self, s: Strategy, tk: Strategy, p: int, m: int, per: int, caps: dict, vmax: int,
-               names: tuple | None = None) -> float:
+               names: tuple | None = None, whole: bool = True) -> float:
         """Bound for every stage placement, vpp and ZeRO stage of p stages of `per` GPUs and m
         micro-batches with s's time class (TP, CP, EP, expert-TP, micro-batch, recompute): the
         cell bound (below) relaxed to the fastest GPUs the pipeline can use (speeds summed over
@@ -157,7 +157,8 @@ class Bounds:
         virtual stages. `caps`: most stages per group; `names`: the groups with caps > 0, sorted
         (computed here when not given; the search passes them, it bounds 10^5 families).
         T is also at least the least time at which the stages hold the model in whole layers
-        (_family_whole_layers: 61 layers on 27 stages need a stage of 3)."""
+        (_family_whole_layers: 61 layers on 27 stages need a stage of 3), unless not `whole`
+        (a lower bound still, and cheaper: the search orders 10^5 family groups by it)."""
         if names is None:
             names = tuple(sorted(g for g, c in caps.items() if c > 0))
         st = self._family_static(s, tk, names)
@@ -174,7 +175,9 @@ class Bounds:
         if p == 1:
             return m * max(f_min + e_single, units / S + e_single)
         hop = self._least_hop_of(s, names, per)
-        T = max(f_min + hop, units / S + hop, self._family_whole_layers(s, tk, names, caps, p, hop))
+        T = max(f_min + hop, units / S + hop)
+        if whole:
+            T = max(T, self._family_whole_layers(s, tk, names, caps, p, hop))
         W = least + emb + out + p * hop
         return m * T + min(W - T, (W - T) / vmax)     # the bubble at vpp 1 or at the most virtual stages
 

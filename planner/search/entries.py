@@ -12,8 +12,8 @@ import numpy as np
 from ..specs.cluster import ClusterSpec
 from ..strategy import Strategy
 
-# heap entry kinds
-FAMILY, CELL, CAND, REQUEUED, BLOCK, DEFERRED = 0, 1, 2, 3, 4, 5
+# heap entry kinds (GROUPS: the family groups not screened yet, group_order.py)
+FAMILY, CELL, CAND, REQUEUED, BLOCK, DEFERRED, GROUPS = 0, 1, 2, 3, 4, 5, 6
 
 
 @dataclass
@@ -171,6 +171,8 @@ def entry_count(kind: int, payload) -> int:
         return payload.count
     if kind == DEFERRED:
         return sum(it.candidates for it in payload)
+    if kind == GROUPS:
+        return payload
     return 1
 
 

@@ -1,8 +1,8 @@
 """The families of a search's space as the best-first search (best_first.py) queues them:
 each family's time class (its Strategy without pp, dp or placement, and its time key), the stage
 layouts of its pipeline shape (Layouts) and its row of the family memory screen, group by
-group of one degrees and micro-batch (Families.groups); and the half of the screen the helper
-process computes when a search splits it (screen_half)."""
+group of one degrees and micro-batch (Families.groups), and the bound a group is ordered by
+(Families.group_bound, group_order.py)."""
 
 from __future__ import annotations
 
@@ -15,21 +15,20 @@ from ..specs.cluster import ClusterSpec
 from ..specs.model import ModelSpec
 from ..strategy import Strategy
 from .bounds import Bounds
-from .entries import FamilySpec, FamilySpecs, GroupSpecs, Layouts, TimeClass
+from .entries import FamilySpec, GroupSpecs, Layouts, TimeClass
 from .family_screen import FamilyScreen
 from .objective import usd_per_hour
 from .space import (SearchOptions, enumerate_space, execution_of, family_groups, layer_executions, stage_layouts,
                     zero_options)
 
-# Degrees x layer executions from which a search with o.jobs >= 2 splits its family screen with
-# the helper process (queueing that many takes about a second: Mixtral 8x22B's 19,840 on 256 H100
-# 1.0 s, DeepSeek-V3's 185,934 on mixed-512 6.6 s; Llama 3.1 405B's 3,992 0.2 s).
-SPLIT_SCREEN_FAMILIES = 15_000
+# Degrees x layer executions from which a search with o.jobs >= 2 splits its group bounds with
+# the helper process (the families of that many take about a second to queue).
+SPLIT_FAMILIES = 15_000
 
 
 class FamilyGroup(NamedTuple):
     """The families of one degrees and micro-batch as Families.groups yields them."""
-    part: int                      # 0 or 1: the half of a split screen it belongs to
+    part: int                      # 0 or 1: the half of split group bounds it belongs to
     pp: int
     dp: int
     m: int                         # micro-batches
@@ -37,6 +36,7 @@ class FamilyGroup(NamedTuple):
     rows: tuple                    # its families as FamilyScreen.add_group takes them
     rows_key: int                  # names rows (the same key, the same rows)
     specs: GroupSpecs
+    floors: tuple                  # (floor TimeClass, most virtual stages of its families) per floor class
 
     @property
     def screen_args(self) -> tuple:
@@ -78,8 +78,8 @@ class Families:
         """family_groups with each family's time class, per group of families (one degrees and
         micro-batch): FamilyGroup, rows as FamilyScreen.add_group takes them (rows_key naming
         them), specs their GroupSpecs, part 0 or 1 alternating over (tp, cp, ep, etp, mbs) in
-        order of first appearance (the halves of a screen split between two processes; each
-        half builds its own activation tables, keyed by those). A family is a row of its group
+        order of first appearance (the halves of group bounds split between two processes:
+        each computes the layer costs of its own time classes). A family is a row of its group
         until it is reached; its Strategy is built from its time class's."""
         model, o = self.model, self.o
         execution = execution_of(model, o, self.cluster)
@@ -104,14 +104,16 @@ class Families:
             return got
 
         def group_rows(dkey, fams) -> tuple:
-            rows, kinds = [], []
+            rows, kinds, floors = [], [], {}
             for _, kind, vh, per_order in fams:
                 cls, cid = time_class(*dkey, kind.time_class)
                 floor, floor_id = time_class(*dkey, kind.floor)
                 # the bytes a GPU can allocate are the same without recompute: keyed by the floor
                 rows.append((cls.base, cid, floor_id, kind.block, max(vh)))
                 kinds.append((cls, floor, kind.block, vh, per_order))
-            return tuple(rows), len(made), tuple(kinds), np.array([per_order for *_, per_order in fams])
+                floors[floor_id] = (floor, max(max(vh), floors.get(floor_id, (None, 0))[1]))
+            return (tuple(rows), len(made), tuple(kinds), np.array([per_order for *_, per_order in fams]),
+                    tuple(floors.values()))
 
         for tp, cp, pp, dp, ep, etp, mbs, m, n_orders, fams, fams_id in family_groups(model, self.cluster, o,
                                                                                        self.layouts_of):
@@ -123,9 +125,18 @@ class Families:
             got = made.get((dkey, fams_id))
             if got is None:
                 got = made[dkey, fams_id] = group_rows(dkey, fams)
-            rows, rows_key, kinds, per_order = got
+            rows, rows_key, kinds, per_order, floors = got
             yield FamilyGroup(part, pp, dp, m, self.layouts[lkey].names, rows, rows_key,
-                              GroupSpecs(kinds, pp, dp, lkey, m, n_orders, per_order))
+                              GroupSpecs(kinds, pp, dp, lkey, m, n_orders, per_order), floors)
+
+    def group_bound(self, g: FamilyGroup, whole: bool = False) -> float:
+        """A step-time bound no family of a group beats: the least over its floor classes of
+        Bounds.family at the most virtual stages of the group's families of that class (no more
+        than any of their queue bounds); with `whole`, with the whole-layer term too (tighter,
+        and several times the cost: GroupOrder adds it when a group comes up)."""
+        lay = self.layouts[g.specs.lkey]
+        return min(self.bounds.family(floor.base, floor.tk, g.pp, g.m, g.specs.lkey[0], lay.caps, vmax, lay.names,
+                                      whole=whole) for floor, vmax in g.floors)
 
     def own_bound(self, spec: FamilySpec) -> float:
         """The step-time bound of a family over all its stage placements (Bounds.family)."""
@@ -149,39 +160,15 @@ class Families:
             lb = floor_lbs[key] = self._class_bound(spec.floor, spec)
         return lb
 
-    def queue_bounds(self, screened, spec_of, floor_lbs: dict) -> np.ndarray:
-        """queue_bound of each family screened (spec_of(k): the k-th one's FamilySpec) that may
-        fit, with or without the margin; nan for the others."""
-        may = screened.may_fit if screened.tight_zero_fit is None else screened.tight_zero_fit.any(axis=1)
-        step_lb = np.full(len(may), np.nan)
-        for k in np.flatnonzero(may).tolist():
-            step_lb[k] = self.queue_bound(spec_of(k), floor_lbs)
-        return step_lb
-
     def new_screen(self) -> FamilyScreen:
         """An empty family memory screen for these families (the search's ZeRO stages, margin)."""
         return FamilyScreen(self.model, self.cluster, self.zero_opts, self.o.uneven_chunks, self.with_margin)
 
     def split(self) -> bool:
-        """Whether the family screen is split with a helper process (o.jobs >= 2, and a space of
-        at least SPLIT_SCREEN_FAMILIES degrees x layer executions: queueing those takes ~1 s)."""
+        """Whether the group bounds are split with a helper process (o.jobs >= 2, and a space
+        of at least SPLIT_FAMILIES degrees x layer executions)."""
         model, o = self.model, self.o
         if o.jobs < 2:
             return False
         kinds = len(layer_executions(model, o, 2 if model.is_moe else 1))
-        return sum(1 for _ in enumerate_space(model, self.cluster, o)) * kinds >= SPLIT_SCREEN_FAMILIES
-
-
-def screen_half(model: ModelSpec, cluster: ClusterSpec, o: SearchOptions, part: int):
-    """The family screen (Screened) of the groups of one part (Families.groups), with the
-    bounds the search queues those that may fit under (Families.queue_bound; their time
-    classes' layer costs are most of it): what the helper process computes for a search that
-    splits its screen."""
-    families = Families(model, cluster, o, Bounds(model, cluster, o.uneven_chunks), not o.allow_tight)
-    screen, specs = families.new_screen(), FamilySpecs()
-    for g in families.groups():
-        if g.part == part:
-            screen.add_group(*g.screen_args)
-            specs.add(g.specs)
-    got = screen.run()
-    return got._replace(step_lb=families.queue_bounds(got, specs.__getitem__, {}))
+        return sum(1 for _ in enumerate_space(model, self.cluster, o)) * kinds >= SPLIT_FAMILIES

@@ -101,9 +101,6 @@ class Screened(NamedTuple):
     # a screen made with the memory model's margin: its verdict without it too (F, Z), which the
     # search's TIGHT candidates need; else None
     tight_zero_fit: np.ndarray | None
-    # the step-time bounds the search queues the families that may fit under, where the process
-    # that screened them computed those too (families.py screen_half; nan elsewhere); else None
-    step_lb: np.ndarray | None = None
 
 
 class FamilyScreen:
@@ -351,20 +348,3 @@ def run_indices(runs) -> np.ndarray:
         return np.zeros(0, dtype=np.int64)
     first, count = np.array(runs).T
     return np.repeat(first - np.concatenate(([0], np.cumsum(count)[:-1])), count) + np.arange(count.sum())
-
-
-def merged(n: int, here: list, mine, there: list, theirs) -> Screened:
-    """One Screened of n families from two over parts of them: `here` and `there` the (first
-    index, count) runs of families each one holds, in order."""
-    out = []
-    for a, b in zip(mine, theirs):
-        if a is None and b is None:
-            out.append(None)
-            continue
-        if a is None or b is None:   # computed by one side only (step_lb): nan on the other's
-            a = np.full(sum(c for _, c in here), np.nan) if a is None else a
-            b = np.full(sum(c for _, c in there), np.nan) if b is None else b
-        full = np.empty((n,) + a.shape[1:], dtype=a.dtype)
-        full[run_indices(here)], full[run_indices(there)] = a, b
-        out.append(full)
-    return Screened(*out)

@@ -1,8 +1,8 @@
-"""The second process of a search (`plan --jobs N`, N >= 2): in a big space it first screens
-half of the families (best_first.screen_half, a pure function of the space), then it prices
-candidates ahead of the search. Pricing is a pure function of a candidate (pricing.priced_apart)
-and the search still decides everything in its own order, so plans and counts are those of a
-serial search (docs/search.md)."""
+"""The second process of a search (`plan --jobs N`, N >= 2): in a big space it first bounds
+half of the family groups (group_order.group_bounds_half, a pure function of the space), then
+it prices candidates ahead of the search. Pricing is a pure function of a candidate
+(pricing.priced_apart) and the search still decides everything in its own order, so plans and
+counts are those of a serial search (docs/search.md)."""
 
 from __future__ import annotations
 
@@ -51,7 +51,7 @@ def helper_main(conn, model: ModelSpec, cluster: ClusterSpec, o: SearchOptions, 
 
 
 class Helper:
-    """A second process for a search (o.jobs >= 2): a first task (a half of the family screen),
+    """A second process for a search (o.jobs >= 2): a first task (a half of the group bounds),
     then candidates priced ahead of the search. The search offers it the candidates it queued
     again and, while it is idle, those at the head of its queue; with none in hand the helper
     takes the cheapest-bounded of them that the search does not take next. When the search
@@ -78,7 +78,7 @@ class Helper:
     def start(cls, model: ModelSpec, cluster: ClusterSpec, o: SearchOptions, task=None) -> "Helper | None":
         """The helper, or None when no process can be started. `task`: (function, arguments) it
         runs first (module-level, so a spawned process can take it), its result read with
-        `screened`."""
+        `first_result`."""
         try:
             method = start_method()
             ctx = multiprocessing.get_context(method)
@@ -185,7 +185,7 @@ class Helper:
             heapq.heappush(pending, item)
         return picked
 
-    def screened(self):
+    def first_result(self):
         """What its first task returned: None if it had none, failed or died (the search then
         does it itself)."""
         while self.alive and not self.ready:
