@@ -87,8 +87,8 @@ from planner.estimate import estimate, time_key   # noqa: E402
 from planner.library import load_cluster_ref, load_model_ref   # noqa: E402
 from planner.search.after_bound import AfterStepRows   # noqa: E402
 from planner.search.bounds import Bounds   # noqa: E402
-from planner.search.minmax import (mixed_floor_counts, count_floor_groups, count_floor_rows,  # noqa: E402
-                                   count_floor_unlimited, mixed_floor)
+from planner.search.minmax import (mixed_floor_counts, count_floor_even, count_floor_groups,  # noqa: E402
+                                   count_floor_rows, count_floor_unlimited, mixed_floor)
 from planner.search.family_screen import FamilyScreen   # noqa: E402
 from planner.search.planner import (MICRO_BATCHES, VPP_CHOICES, GpuBudget, SearchOptions,   # noqa: E402
                                     enumerate_space, stage_layouts)
@@ -524,6 +524,22 @@ def test_count_floor_without_memory_caps_is_count_floor_groups(groups, e, need):
     assert count_floor_unlimited([1.0], 0.0, [27], 61) == pytest.approx(3.0, rel=1e-8)   # rounded down
     # 20 stages of 1 s and 7 of 2 s, 0.5 s fixed: under 3.5 s they hold 20 x 2 + 7 x 1 = 47 layers
     assert count_floor_unlimited([1.0, 2.0], 0.5, [20, 7], 61) == pytest.approx(3.5, rel=1e-8)
+
+
+@settings(max_examples=n(300), deadline=None)
+@given(st.lists(st.tuples(st.floats(0.01, 4.0), st.integers(0, 6)), min_size=1, max_size=4).filter(
+           lambda g: any(c for _, c in g)),
+       st.floats(0.0, 3.0), st.integers(1, 130))
+def test_count_floor_even_is_under_count_floor_unlimited(groups, e, need):
+    """count_floor_even (p stages all as fast as the fastest: the family groups' order) is
+    never above count_floor_unlimited on the same slots, and equal where they are all alike;
+    by hand, 61 layers on 27 stages need a stage of 3."""
+    a, counts = [x for x, _ in groups], [c for _, c in groups]
+    p = sum(counts)
+    fastest = min(x for x, c in groups if c)
+    assert count_floor_even(fastest, e, p, need) <= count_floor_unlimited(a, e, counts, need)
+    assert count_floor_even(fastest, e, p, need) == count_floor_unlimited([fastest], e, [p], need)
+    assert count_floor_even(1.0, 0.5, 27, 61) == pytest.approx(3.5, rel=1e-8)
 
 
 @settings(max_examples=n(200), deadline=None)

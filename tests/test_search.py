@@ -899,6 +899,29 @@ def _outcome(r):
             sorted(r.warnings), r.idle_groups)
 
 
+@pytest.mark.parametrize("model,cluster", [(MODEL, MIXED), (MOE_DENSE_FIRST, MIXED), (MODEL, HOMOGENEOUS)],
+                         ids=["dense", "dense-first-moe", "h100"])
+def test_a_group_bound_is_under_every_family_of_the_group(model, cluster):
+    """The search takes family groups in the order of Families.group_bound (group_order.py):
+    without and with the whole-layer term it is at most the bound each family of the group is
+    queued under (Families.queue_bound) and its own (Families.own_bound), which the brute-force
+    tests hold under every candidate's estimate; and the whole-layer term only raises it."""
+    from planner.search.bounds import Bounds
+    from planner.search.families import Families
+
+    o = replace(OPTIONS, allow_tight=False)
+    families = Families(model, cluster, o, Bounds(model, cluster, o.uneven_chunks), True)
+    checked = 0
+    for g in families.groups():
+        loose, whole = families.group_bound(g), families.group_bound(g, whole=True)
+        assert loose <= whole
+        for j in range(len(g.specs.kinds)):
+            spec = g.specs.spec(j)
+            assert whole <= families.queue_bound(spec, {}) <= families.own_bound(spec)
+            checked += 1
+    assert checked > 50
+
+
 @pytest.mark.parametrize("model,cluster,options", [
     (MODEL, HOMOGENEOUS, replace(OPTIONS, top=3, allow_tight=False)),
     (MODEL, MIXED, replace(OPTIONS, top=3, allow_tight=False)),

@@ -22,8 +22,9 @@ from ..specs.cluster import ClusterSpec
 from ..specs.model import ModelSpec
 from ..strategy import Strategy
 from .after_bound import AfterStepRows, joint_bound
-from .minmax import (UNITS_TOL, integer_minmax, mixed_floor_counts, mixed_floor_rows, relaxed_minmax,
-                     count_floor_groups, count_floor_rows, count_floor_unlimited, mixed_count_minmax, mixed_floor)
+from .minmax import (UNITS_TOL, count_floor_even, count_floor_groups, count_floor_rows, count_floor_unlimited,
+                     integer_minmax, mixed_count_minmax, mixed_floor, mixed_floor_counts, mixed_floor_rows,
+                     relaxed_minmax)
 from .screen import fit_rows
 
 
@@ -157,12 +158,13 @@ class Bounds:
         virtual stages. `caps`: most stages per group; `names`: the groups with caps > 0, sorted
         (computed here when not given; the search passes them, it bounds 10^5 families).
         T is also at least the least time at which the stages hold the model in whole layers
-        (_family_whole_layers: 61 layers on 27 stages need a stage of 3), unless not `whole`
-        (a lower bound still, and cheaper: the search orders 10^5 family groups by it)."""
+        (_family_whole_layers: 61 layers on 27 stages need a stage of 3); not `whole`, at least
+        that of p stages all as fast as the fastest (count_floor_even: no more, and O(1); the
+        search orders 10^5 family groups by it)."""
         if names is None:
             names = tuple(sorted(g for g, c in caps.items() if c > 0))
         st = self._family_static(s, tk, names)
-        units, speeds, f_min, emb, out, e_single, least = st
+        units, speeds, f_min, emb, out, e_single, least, moe_min = st
         S, left = 0.0, p
         for speed, g in speeds:
             take = min(caps[g], left)
@@ -178,6 +180,11 @@ class Bounds:
         T = max(f_min + hop, units / S + hop)
         if whole:
             T = max(T, self._family_whole_layers(s, tk, names, caps, p, hop))
+        else:   # its cheaper floor: some stage holds ceil(L / p) layers (ceil(MoE layers / p) MoE ones)
+            T = max(T, count_floor_even(f_min, hop, p, self.model.num_layers))
+            mixed = self._n_dense_mixed()
+            if mixed is not None:
+                T = max(T, count_floor_even(moe_min, hop, p, self.model.num_layers - mixed))
         W = least + emb + out + p * hop
         return m * T + min(W - T, (W - T) / vmax)     # the bubble at vpp 1 or at the most virtual stages
 
@@ -228,7 +235,8 @@ class Bounds:
             speeds = sorted(((1.0 / w["rate"][g], g) for g in names), reverse=True)
             ends = [self.ends(s, tk, g) for g in names]
             v = self._fam[key] = (w["units"] * (1 - UNITS_TOL), speeds, min(w["floor"][g] for g in names),
-                                  min(e[0] for e in ends), min(e[1] for e in ends), min(a + b for a, b in ends), least)
+                                  min(e[0] for e in ends), min(e[1] for e in ends), min(a + b for a, b in ends), least,
+                                  min(w["moe"][g] for g in names))
         return v
 
     def cell(self, s: Strategy, tk: Strategy, groups: tuple[str, ...], vpps=(1,), zeros=None) -> float:
