@@ -941,6 +941,7 @@ def test_parallel_search_returns_what_the_serial_one_does(model, cluster, option
     itself)."""
     import planner.search.best_first as P
     import planner.search.families as F
+    import planner.search.group_order as G
     import planner.search.helper as H
 
     monkeypatch.setattr(P, "HELPER_AFTER_S", 0.0)   # these searches are short: a helper all the same
@@ -959,14 +960,46 @@ def test_parallel_search_returns_what_the_serial_one_does(model, cluster, option
     for broken in (_helper_dies_at_once, _helper_dies_at_its_first_candidate, _helper_fails_its_task(main)):
         monkeypatch.setattr(H, "helper_main", broken)
         assert _outcome(search(model, cluster, replace(options, jobs=2))) == serial
+    # batches of 4 groups: the helper takes part 1's half of many ahead of the search; one that
+    # dies after its first leaves the search to take the rest (replaying the ones it took)
+    monkeypatch.setattr(G, "GROUPS_PER_BATCH", 4)
+    small = _outcome(search(model, cluster, replace(options, jobs=1)))
+    assert small[:3] == serial[:3]   # the same plans, whatever the batches
+    for helper in (main, _helper_dies_after_its_first_answer(main)):
+        monkeypatch.setattr(H, "helper_main", helper)
+        assert _outcome(search(model, cluster, replace(options, jobs=2))) == small
+    monkeypatch.setattr(G, "GROUPS_PER_BATCH", 2048)
     monkeypatch.setattr(F, "SPLIT_FAMILIES", 10 ** 9)
     for broken in (_helper_dies_at_once, _helper_dies_at_its_first_candidate):
         monkeypatch.setattr(H, "helper_main", broken)
         assert _outcome(search(model, cluster, replace(options, jobs=2))) == serial
 
 
+def _helper_dies_after_its_first_answer(main):
+    """A helper that stops (its pipe closed) once it has sent its first answer to a request."""
+    class Conn:
+        def __init__(self, conn):
+            self.conn = conn
+
+        def send(self, msg):
+            self.conn.send(msg)
+            if msg[0] == "answer":
+                self.conn.close()
+                raise EOFError
+
+        def recv(self):
+            return self.conn.recv()
+
+        def close(self):
+            self.conn.close()
+
+    def broken(conn, *args):
+        main(Conn(conn), *args)
+    return broken
+
+
 def _helper_fails_its_task(main):
-    """A helper whose first task raises (the search screens that half itself)."""
+    """A helper whose first task raises (the search bounds that part itself)."""
     def broken(conn, model, cluster, o, task=None):
         main(conn, model, cluster, o, (_raise, ()) if task is not None else None)
     return broken

@@ -143,6 +143,7 @@ class _BestFirst:
         self.floor_lbs: dict = {}
         self.unfit = np.zeros(0, dtype=np.int64)
         self.groups: GroupOrder | None = None   # the family groups, screened batch by batch
+        self.helper_takes = self.asked = False   # the helper takes part 1's half batches / was asked the next
         # what the entries taken best first share
         self.seen: set = set()
         self.rank_fits: dict = {}    # fits_exactly's verdicts per rank, shared by block candidates
@@ -229,41 +230,50 @@ class _BestFirst:
 
     def _queue_families(self) -> None:
         """Families: degrees x micro-batch x recompute, in groups of one degrees and micro-batch
-        ordered by a bound none of their families beats (GroupOrder); the first batch of groups
-        screened and queued (_queue_groups), the others under the bound of the next. With a
-        big space and o.jobs >= 2 the helper process (started here) computes the bounds of half
-        of the groups (group_bounds_half) while this one computes the other half's."""
+        lined up by a bound none of their families beats (GroupOrder); the first batch of
+        groups screened and queued (_queue_groups), the others under the bound of the next.
+        With a big space and o.jobs >= 2 the helper process (started here) computes the bounds
+        of the groups of part 1 (group_bounds_half) while this one computes part 0's, then
+        takes part 1's half of each batch ahead of the search."""
         o, families = self.o, self.families
         if families.split():
             self.helper = Helper.start(self.model, self.cluster, o, (group_bounds_half,
                                                                      (self.model, self.cluster, o, 1)))
         self.groups = GroupOrder(families, self.specs, 0 if self.helper is not None else None)
         self.res.candidates = int(self.specs.candidates.sum())
-        lay = families.layouts
-        self.groups.order(None if o.objective != "cost" else lambda lbs, groups: [
-            self._objective_lb(lb, lay[g.specs.lkey].usd_min) for lb, g in zip(lbs.tolist(), groups)],
-            self.helper.first_result() if self.helper is not None else None)
+        theirs = self.helper.first_result() if self.helper is not None else None
+        self.groups.order(theirs)
+        self.helper_takes = theirs is not None
+        self._ask_ahead()
         self._queue_groups()
 
+    def _ask_ahead(self) -> None:
+        """Ask the helper for part 1's next half batch (GroupOrder.serve): it takes it meanwhile."""
+        self.asked = self.helper_takes and self.groups.has_left(1) and self.helper.ask(1)
+
     def _queue_groups(self) -> None:
-        """The next batch of groups that may still enter the result (GroupOrder.take) screened
-        by memory all at once (family_screen.py), those of their families that may fit queued
-        under their bounds (_queue_screened), and the groups left under the least bound of
-        theirs (a GROUPS entry; take may raise it and take none)."""
-        batch = self.groups.take(self._kth())
-        if batch:
-            self._queue_screened(*self.groups.screened(batch))
+        """The next batch of groups (GroupOrder.take: each part's next half) screened by memory
+        all at once (family_screen.py), those of their families that may fit queued under their
+        bounds (_queue_screened), part 0's then part 1's (taken by the helper where it took
+        them ahead: serial or not, the same batches in the same order, so the same ties); the
+        groups left under the least bound of theirs (a GROUPS entry)."""
+        mine = self.groups.take(0)
+        if mine:
+            self._queue_screened(*self.groups.screened(mine))
+        got = self.helper.answer() if self.asked else None
+        if got is not None:
+            theirs, screened, step_lb, bound, left = got
+            self.groups.taken_there(1, theirs, bound, left)
+            if theirs:
+                self._queue_screened(screened, self.groups.index_of(theirs), step_lb)
+        else:
+            self.helper_takes = False   # (it failed or died: part 1 taken here from now on)
+            theirs = self.groups.take(1)
+            if theirs:
+                self._queue_screened(*self.groups.screened(theirs))
+        self._ask_ahead()
         if self.groups:
             heapq.heappush(self.heap, (self.groups.bound(), next(self.tie), GROUPS, self.groups.candidates_left()))
-
-    def _peaks(self, index) -> np.ndarray:
-        """The family screen's peak bounds of the families at `index` (of families that cannot
-        fit, asked only when no plan fits, so every group was screened): every group screened
-        again, in the order enumerated (family i in row i)."""
-        screen = self.families.new_screen()
-        for args in self.groups.every_args():
-            screen.add_group(*args)
-        return screen.run(every_peak=True).peak[index]
 
     def _family_lb(self, i: int, spec: FamilySpec) -> float:
         """The time bound of family i (a pure function of it, cached)."""
@@ -272,12 +282,13 @@ class _BestFirst:
             lb = self.family_lbs[i] = self.families.own_bound(spec)
         return lb
 
-    def _queue_screened(self, screened, index: np.ndarray) -> None:
+    def _queue_screened(self, screened, index: np.ndarray, step_lb: np.ndarray | None = None) -> None:
         """Queue the families screened (family index[k] in row k) that may fit, bounded over all
         their stage placements: under their own bound when it is known or their class
-        recomputes nothing, else under their floor class's (Families.queue_bound;
-        _expand_family computes their own when they are reached). Those that may fit only
-        within the memory model's margin are set aside (_spill)."""
+        recomputes nothing, else under their floor class's (Families.queue_bound, or step_lb[k]
+        where the helper computed it; _expand_family computes their own when they are
+        reached). Those that may fit only within the memory model's margin are set aside
+        (_spill)."""
         specs, res = self.specs, self.res
         may_fit, peaks = screened.may_fit, screened.peak.tolist()
         entries = []
@@ -295,7 +306,7 @@ class _BestFirst:
             spec = specs[i]
             lay = self.families.layouts[spec.lkey]
             exact = spec.floor is spec.cls
-            lb = self.families.queue_bound(spec, self.floor_lbs)
+            lb = step_lb[k] if step_lb is not None else self.families.queue_bound(spec, self.floor_lbs)
             if exact:
                 self.family_lbs[i] = lb
             bound = self._objective_lb(lb, lay.usd_min)
@@ -669,7 +680,7 @@ class _BestFirst:
                 closest = (short, c)
         if closest is None:
             # the families memory ruled out with the least peak bytes, their candidates tried
-            peaks = self._peaks(self.unfit)
+            peaks = self.groups.peaks(self.unfit)
             near = self.unfit[np.argsort(peaks, kind="stable")[:_CLOSEST_FAMILIES]]
             closest = _closest_of(model, cluster,
                                   [family_of(self.specs[i], self.families.layouts[self.specs[i].lkey]) for i in near],

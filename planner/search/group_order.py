@@ -17,6 +17,8 @@ from .bounds import Bounds
 from .entries import FamilySpecs
 from .families import Families
 from .family_screen import FamilyScreen, Screened, run_indices
+from .helper import Served
+from .objective import usd_per_million_tokens
 from .space import SearchOptions
 
 # Groups a batch holds: big enough for the screen's numpy work to pay (a batch's tables and
@@ -27,11 +29,12 @@ GROUPS_PER_BATCH = 2048
 class GroupOrder:
     """Every group of the space, its families appended to `specs` in the order enumerated
     (family i is specs[i]), with the step-time bound of each group of `part` (every group when
-    None; Families.groups' halves, the other computed by the helper process) without the
-    whole-layer term; `order` queues them by it, and `take` hands them out in batches, least
-    bound first, each group's bound raised by the whole-layer term when it comes up (it goes
-    back in line if that puts it behind another): deterministic, so a search takes the same
-    batches whatever its jobs."""
+    None; Families.groups' two parts, the other computed by the helper process) without the
+    whole-layer term. `order` lines each part's groups up by it; `take(part)` hands out that
+    part's next half batch, least bound first, a group's bound raised by the whole-layer term
+    when it comes to the head of the line (it goes back in line if that puts it behind
+    another). Each part's batches depend on that part alone, so the helper process can take
+    part 1's ahead of the search; serial or not, a search takes the same batches."""
 
     def __init__(self, families: Families, specs: FamilySpecs, part: int | None = None):
         self.families, self.specs = families, specs
@@ -41,56 +44,89 @@ class GroupOrder:
             self.groups.append(g)
             step.append(families.group_bound(g) if part is None or g.part == part else np.nan)
         self.step_lbs = np.array(step, dtype=float)
-        self.heap: list = []         # (objective bound, group index, with the whole-layer term)
-        self.objective = None
+        self.heaps: list = [[], []]  # per part: (objective bound, group index, with the whole-layer term)
+        self.elsewhere: dict = {}    # part -> (its least bound, batches taken) where the helper takes them
         self.left = 0                # candidates of the groups not taken
         self.screen: FamilyScreen | None = None
+        self.floor_lbs: dict = {}    # Families.queue_bound's cache (serve)
 
-    def order(self, objective=None, theirs: np.ndarray | None = None) -> None:
-        """Queue the groups by their bounds: the step-time bounds not computed here are
+    def order(self, theirs: np.ndarray | None = None) -> None:
+        """Line the groups up by their bounds: the step-time bounds not computed here are
         `theirs` (the other part's, in order) or, when that is None (no helper, or it failed),
-        computed now; `objective(step_lbs, groups)`, if given, turns step-time bounds into
-        objective bounds."""
+        computed now."""
         missing = np.flatnonzero(np.isnan(self.step_lbs))
         if len(missing):
             self.step_lbs[missing] = (theirs if theirs is not None and len(theirs) == len(missing)
                                       else [self.families.group_bound(self.groups[i]) for i in missing.tolist()])
-        self.objective = objective
-        lbs = objective(self.step_lbs, self.groups) if objective is not None else self.step_lbs.tolist()
-        self.heap = [(lb, i, False) for i, lb in enumerate(lbs)]
-        heapq.heapify(self.heap)
+        lbs = self._objective(self.step_lbs.tolist(), self.groups)
+        for i, (lb, g) in enumerate(zip(lbs, self.groups)):
+            self.heaps[g.part].append((lb, i, False))
+        for heap in self.heaps:
+            heapq.heapify(heap)
         self.left = int(self.specs.candidates.sum())
+
+    def _objective(self, step_lbs: list, groups: list) -> list:
+        """Step-time bounds as objective bounds (best_first's _objective_lb, at the least USD an
+        hour of each group's layouts)."""
+        o = self.families.o
+        if o.objective != "cost":
+            return step_lbs
+        lay = self.families.layouts
+        return [usd_per_million_tokens(lay[g.specs.lkey].usd_min, lb, o.global_batch_size * o.seq_length)
+                for lb, g in zip(step_lbs, groups)]
 
     def __bool__(self) -> bool:
         """Whether groups are left to take."""
-        return bool(self.heap)
+        return self.has_left(0) or self.has_left(1)
 
-    def bound(self) -> float:
-        """The least bound of the groups left (inf when none are)."""
-        return self.heap[0][0] if self.heap else float("inf")
+    def has_left(self, part: int) -> bool:
+        """Whether groups of this part are left to take."""
+        return self.elsewhere[part][2] if part in self.elsewhere else bool(self.heaps[part])
+
+    def bound(self, part: int | None = None) -> float:
+        """The least bound of the groups left, of one part or of both (inf when none are)."""
+        parts = (0, 1) if part is None else (part,)
+        return min((self.elsewhere[p][0] if p in self.elsewhere else self.heaps[p][0][0] if self.heaps[p]
+                    else float("inf")) for p in parts)
 
     def candidates_left(self) -> int:
         return self.left
 
-    def take(self, upto: float) -> list[int]:
-        """The next batch: up to GROUPS_PER_BATCH groups, least bound first, of those bounded
-        (with the whole-layer term) at or below `upto` (none can enter a search's result above
-        its K-th best); a group without that term at the head of the line gets it and goes
-        back in line."""
-        heap, batch = self.heap, []
-        while heap and len(batch) < GROUPS_PER_BATCH and heap[0][0] <= upto:
-            lb, i, whole = heapq.heappop(heap)
-            if whole:
-                batch.append(i)
-                continue
-            step = self.families.group_bound(self.groups[i], whole=True)
-            lb = self.objective(np.array([step]), [self.groups[i]])[0] if self.objective is not None else step
-            heapq.heappush(heap, (lb, i, True))
+    def take(self, part: int) -> list[int]:
+        """The next half batch of one part: up to GROUPS_PER_BATCH / 2 of its groups, least
+        bound (with the whole-layer term) first. A part the helper took batches of (taken_there)
+        replays them first (the helper stopped; the same batches, whoever takes them)."""
+        if part in self.elsewhere:
+            _, replays, _ = self.elsewhere.pop(part)
+            for _ in range(replays):
+                self._take(part)
+        batch = self._take(part)
         counts = self.specs.candidates
         for i in batch:
             first, n = self.runs[i]
             self.left -= int(counts[first:first + n].sum())
         return batch
+
+    def _take(self, part: int) -> list[int]:
+        heap, batch = self.heaps[part], []
+        while heap and len(batch) < GROUPS_PER_BATCH // 2:
+            lb, i, whole = heapq.heappop(heap)
+            if whole:
+                batch.append(i)
+                continue
+            step = self.families.group_bound(self.groups[i], whole=True)
+            heapq.heappush(heap, (self._objective([step], [self.groups[i]])[0], i, True))
+        return batch
+
+    def taken_there(self, part: int, batch: list[int], bound: float, left: bool) -> None:
+        """A half batch of `part` the helper took (GroupOrder.serve): its groups are no longer
+        left, the part's least bound is now `bound`, and whether any is left `left`."""
+        replays = self.elsewhere.get(part, (0.0, 0, True))[1]
+        self.elsewhere[part] = (bound, replays + 1, left)
+        counts = self.specs.candidates
+        for i in batch:
+            first, n = self.runs[i]
+            self.left -= int(counts[first:first + n].sum())
 
     def screened(self, batch: list[int]) -> tuple[Screened, np.ndarray]:
         """The memory screen of these groups' families (one screen across batches: its tables
@@ -99,17 +135,44 @@ class GroupOrder:
             self.screen = self.families.new_screen()
         for i in batch:
             self.screen.add_group(*self.groups[i].screen_args)
-        return self.screen.run(), run_indices([self.runs[i] for i in batch])
+        return self.screen.run(), self.index_of(batch)
 
-    def every_args(self) -> list:
-        """Every group's add_group arguments in the order enumerated (a screen of them all has
-        family i in row i)."""
-        return [g.screen_args for g in self.groups]
+    def index_of(self, batch: list[int]) -> np.ndarray:
+        """The family indices of these groups' families, in order."""
+        return run_indices([self.runs[i] for i in batch])
+
+    def serve(self, part: int):
+        """The helper's answer to a search that asks for `part`'s next half batch (best_first
+        _queue_groups, ahead of its need): the groups, their screen, the queue bound of each
+        family that may fit, with or without the margin (Families.queue_bound; nan for the
+        others), the part's least bound left and whether any group is."""
+        batch = self._take(part)
+        got, index = self.screened(batch)
+        may = got.may_fit if got.tight_zero_fit is None else got.tight_zero_fit.any(axis=1)
+        step_lb = np.full(len(may), np.nan)
+        for k in np.flatnonzero(may).tolist():
+            step_lb[k] = self.families.queue_bound(self.specs[int(index[k])], self.floor_lbs)
+        return batch, got, step_lb, self.bound(part), self.has_left(part)
+
+    def peaks(self, index) -> np.ndarray:
+        """The family screen's peak bounds of the families at `index` (families that cannot fit,
+        asked only when no plan fits, so every group was screened): every group screened again,
+        in the order enumerated (family i in row i)."""
+        screen = self.families.new_screen()
+        for g in self.groups:
+            screen.add_group(*g.screen_args)
+        return screen.run(every_peak=True).peak[index]
 
 
-def group_bounds_half(model: ModelSpec, cluster: ClusterSpec, o: SearchOptions, part: int) -> np.ndarray:
-    """The step-time bounds of the groups of one part (Families.groups), in order: what the
-    helper process of a search that splits them computes (their time classes' layer costs are
-    most of it; module-level, so a spawned process can take it)."""
+def group_bounds_half(model: ModelSpec, cluster: ClusterSpec, o: SearchOptions, part: int) -> Served:
+    """The step-time bounds of the groups of one part (Families.groups), in order, and the
+    helper's GroupOrder that takes that part's batches after (serve): what the helper process
+    of a search that splits them computes (their time classes' layer costs are most of the
+    bounds; module-level, so a spawned process can take it)."""
     families = Families(model, cluster, o, Bounds(model, cluster, o.uneven_chunks), not o.allow_tight)
-    return np.array([families.group_bound(g) for g in families.groups() if g.part == part], dtype=float)
+    order = GroupOrder(families, FamilySpecs(), part)
+    mine = np.array([g.part == part for g in order.groups], dtype=bool)
+    bounds = order.step_lbs[mine]
+    order.step_lbs[~mine] = np.inf   # (the other part's groups are the search's: never taken here)
+    order.order()
+    return Served(bounds, order.serve)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import gc
 import heapq
 import multiprocessing
+from typing import Callable, NamedTuple
 
 from ..specs.cluster import ClusterSpec
 from ..specs.model import ModelSpec
@@ -25,11 +26,20 @@ def start_method() -> str:
     return "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
 
 
+class Served(NamedTuple):
+    """What a first task may return: its result, and the function that answers the search's
+    requests after it (Helper.ask) from the state the task built."""
+    result: object
+    serve: Callable
+
+
 def helper_main(conn, model: ModelSpec, cluster: ClusterSpec, o: SearchOptions, task=None) -> None:
     """The helper process (Helper): its first task, (function, arguments) or None, whose result
     goes back (None if it fails), then candidates priced as they come (pricing.priced_apart)
-    until told to stop."""
+    and the search's requests answered (None if that fails: the search does the work) until
+    told to stop."""
     gc.disable()
+    serve = None
     try:
         if task is not None:
             fn, args = task
@@ -37,13 +47,22 @@ def helper_main(conn, model: ModelSpec, cluster: ClusterSpec, o: SearchOptions, 
                 got = fn(*args)
             except Exception:   # the search does the task itself
                 got = None
+            if isinstance(got, Served):
+                got, serve = got
             conn.send(("task", got))
         conn.send(("ready", None))
         while True:
             s = conn.recv()
             if s is None:
                 break
-            conn.send(("priced", s, priced_apart(model, cluster, s, o.uneven_chunks, not o.allow_tight)))
+            if isinstance(s, Strategy):
+                conn.send(("priced", s, priced_apart(model, cluster, s, o.uneven_chunks, not o.allow_tight)))
+                continue
+            try:
+                got = serve(s[1])
+            except Exception:   # (no serve included)
+                got = None
+            conn.send(("answer", got))
     except (EOFError, OSError, KeyboardInterrupt):
         pass
     finally:
@@ -67,6 +86,8 @@ class Helper:
         self.alive = True
         self.ready = False           # the helper takes candidates (its first task is done)
         self.task_result = None      # what its first task returned
+        self.answers: list = []      # its answers to the search's requests (ask), in order
+        self.open = 0                # requests asked and not answered yet
         self.pending: list = []      # (bound, tie, strategy): candidates it may price
         self.in_hand = None          # the candidate it is pricing
         self.results: dict = {}      # strategy -> priced_apart's result
@@ -98,6 +119,8 @@ class Helper:
                 kind, *rest = self.conn.recv()
                 if kind == "task":
                     self.task_result = rest[0]
+                elif kind == "answer":
+                    self.answers.append(rest[0])
                 elif kind == "ready":
                     self.ready = True
                 else:
@@ -192,9 +215,33 @@ class Helper:
             self.receive(True)
         return self.task_result
 
+    def ask(self, request) -> bool:
+        """Ask the helper for its first task's `serve(request)`, answered after what it was
+        given before (answer); False if it cannot be asked."""
+        if not (self.alive and self.ready):
+            return False
+        try:
+            self.conn.send(("ask", request))
+        except (OSError, ValueError):
+            self.alive = False
+            return False
+        self.open += 1
+        return True
+
+    def answer(self):
+        """The answer to the oldest request open (waiting for it): None if the helper failed it
+        or died (the search then does that work itself)."""
+        while self.alive and not self.answers:
+            self.receive(True)
+        if not self.answers:
+            return None
+        self.open -= 1
+        return self.answers.pop(0)
+
     def close(self) -> None:
-        """Stop the helper: told to, or ended if it is still in a search or pricing."""
-        if self.alive and self.ready and self.in_hand is None:
+        """Stop the helper: told to, or ended if it is still in a search, pricing or working on
+        a request."""
+        if self.alive and self.ready and self.in_hand is None and not self.open:
             try:
                 self.conn.send(None)
             except (OSError, ValueError):
