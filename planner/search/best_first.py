@@ -261,13 +261,14 @@ class _BestFirst:
         if mine:
             self._queue_screened(*self.groups.screened(mine))
         got = self.helper.answer() if self.asked else None
+        if self.asked and got is None:
+            self.helper_takes = False   # it failed or died: part 1 taken here from now on
         if got is not None:
             theirs, screened, step_lb, bound, left = got
             self.groups.taken_there(1, theirs, bound, left)
             if theirs:
                 self._queue_screened(screened, self.groups.index_of(theirs), step_lb)
-        else:
-            self.helper_takes = False   # (it failed or died: part 1 taken here from now on)
+        elif self.groups.has_left(1):
             theirs = self.groups.take(1)
             if theirs:
                 self._queue_screened(*self.groups.screened(theirs))

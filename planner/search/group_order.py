@@ -45,7 +45,7 @@ class GroupOrder:
             step.append(families.group_bound(g) if part is None or g.part == part else np.nan)
         self.step_lbs = np.array(step, dtype=float)
         self.heaps: list = [[], []]  # per part: (objective bound, group index, with the whole-layer term)
-        self.elsewhere: dict = {}    # part -> (its least bound, batches taken) where the helper takes them
+        self.elsewhere: dict = {}    # part -> (least bound, batches taken, any left) where the helper takes them
         self.left = 0                # candidates of the groups not taken
         self.screen: FamilyScreen | None = None
         self.floor_lbs: dict = {}    # Families.queue_bound's cache (serve)
