@@ -34,7 +34,7 @@ from .entries import (BLOCK, CAND, CELL, DEFERRED, FAMILY, GROUPS, REQUEUED, Cel
 from .families import Families
 from .group_order import GroupOrder, group_bounds_half
 from .helper import Helper
-from .objective import check_objective, dominates, figures, usd_per_million_tokens
+from .objective import check_objective, dominates, figures, objective_lb
 from .pricing import add_effects, ilp_cross_check, priced_apart
 from .results import Plans
 from .rooms import FamilyRooms
@@ -200,11 +200,8 @@ class _BestFirst:
         return self.tight_heap is not None and not self.tight_phase
 
     def _objective_lb(self, step_lb: float, usd_h) -> float:
-        """A bound on the objective from a bound on step time and the GPUs charged: the cost
-        per token is the charged USD per hour times the step time over the tokens per step."""
-        if self.o.objective == "cost":
-            return usd_per_million_tokens(usd_h, step_lb, self.tokens_per_step)
-        return step_lb
+        """objective.objective_lb for this search."""
+        return objective_lb(self.o.objective, step_lb, usd_h, self.tokens_per_step)
 
     def _usd_step(self, step_lb: float, usd_h) -> float:
         return usd_h * step_lb if self.priced_cluster and usd_h is not None else 0.0

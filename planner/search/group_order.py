@@ -18,7 +18,7 @@ from .entries import FamilySpecs
 from .families import Families
 from .family_screen import FamilyScreen, Screened, run_indices
 from .helper import Served
-from .objective import usd_per_million_tokens
+from .objective import objective_lb
 from .space import SearchOptions
 
 # Groups a batch holds: big enough for the screen's numpy work to pay (a batch's tables and
@@ -66,14 +66,13 @@ class GroupOrder:
         self.left = int(self.specs.candidates.sum())
 
     def _objective(self, step_lbs: list, groups: list) -> list:
-        """Step-time bounds as objective bounds (best_first's _objective_lb, at the least USD an
-        hour of each group's layouts)."""
+        """Step-time bounds as objective bounds (objective_lb, at the least USD an hour of each
+        group's layouts), as the search bounds its families."""
         o = self.families.o
         if o.objective != "cost":
             return step_lbs
-        lay = self.families.layouts
-        return [usd_per_million_tokens(lay[g.specs.lkey].usd_min, lb, o.global_batch_size * o.seq_length)
-                for lb, g in zip(step_lbs, groups)]
+        lay, tokens = self.families.layouts, o.global_batch_size * o.seq_length
+        return [objective_lb(o.objective, lb, lay[g.specs.lkey].usd_min, tokens) for lb, g in zip(step_lbs, groups)]
 
     def __bool__(self) -> bool:
         """Whether groups are left to take."""
@@ -101,10 +100,7 @@ class GroupOrder:
             for _ in range(replays):
                 self._take(part)
         batch = self._take(part)
-        counts = self.specs.candidates
-        for i in batch:
-            first, n = self.runs[i]
-            self.left -= int(counts[first:first + n].sum())
+        self._gone(batch)
         return batch
 
     def _take(self, part: int) -> list[int]:
@@ -123,6 +119,10 @@ class GroupOrder:
         left, the part's least bound is now `bound`, and whether any is left `left`."""
         replays = self.elsewhere.get(part, (0.0, 0, True))[1]
         self.elsewhere[part] = (bound, replays + 1, left)
+        self._gone(batch)
+
+    def _gone(self, batch: list[int]) -> None:
+        """These groups' candidates are no longer left (candidates_left)."""
         counts = self.specs.candidates
         for i in batch:
             first, n = self.runs[i]

@@ -60,7 +60,7 @@ def helper_main(conn, model: ModelSpec, cluster: ClusterSpec, o: SearchOptions, 
                 continue
             try:
                 got = serve(s[1])
-            except Exception:   # (no serve included)
+            except Exception:   # (or its first task built no serve): the search does the work
                 got = None
             conn.send(("answer", got))
     except (EOFError, OSError, KeyboardInterrupt):

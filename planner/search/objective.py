@@ -101,6 +101,14 @@ def usd_per_million_tokens(usd_hour: float, step_time_s: float, tokens_per_step:
     return usd_hour * step_time_s / SECONDS_PER_HOUR / tokens_per_step * TOKENS_PER_MILLION
 
 
+def objective_lb(objective: str, step_lb: float, usd_hour, tokens_per_step: int) -> float:
+    """A bound on the objective from a bound on step time and the USD an hour of the GPUs
+    charged: the step time itself, or for "cost" the USD per million tokens it implies."""
+    if objective == "cost":
+        return usd_per_million_tokens(usd_hour, step_lb, tokens_per_step)
+    return step_lb
+
+
 def check_objective(cluster: ClusterSpec, objective: str, charge_idle: bool) -> None:
     """The cost objective needs a price on every node group a plan may use."""
     if objective not in OBJECTIVES:
